@@ -1,0 +1,87 @@
+"""The conversation a sample is rendered into, its answer format, and the label mask.
+
+Answer format (window-local seconds, one decimal, ascending, comma-separated)::
+
+    1.5-3.0, 4.5-7.5        two ranges to keep
+    none                    nothing to keep
+
+The same module parses it back (:func:`parse_answer`), so training and evaluation can never
+disagree on the format.
+"""
+
+from __future__ import annotations
+
+import re
+
+IGNORE_INDEX = -100
+NOTHING = "none"
+_RANGE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*-\s*(\d+(?:\.\d+)?)\s*$")
+
+
+def render_answer(ranges: list[list[float]] | list[tuple[float, float]]) -> str:
+    if not ranges:
+        return NOTHING
+    return ", ".join(f"{start:.1f}-{end:.1f}" for start, end in ranges)
+
+
+def parse_answer(text: str) -> list[tuple[float, float]] | None:
+    """Ranges from an answer; ``[]`` for 'none'; ``None`` when the text is not in the format."""
+    text = text.strip()
+    if text == NOTHING:
+        return []
+    ranges = []
+    for part in text.split(","):
+        match = _RANGE.match(part)
+        if not match:
+            return None
+        start, end = float(match.group(1)), float(match.group(2))
+        if end <= start:
+            return None
+        ranges.append((start, end))
+    return ranges or None
+
+
+def messages(prompt_cfg: dict, query: str | None, answer: str | None = None) -> list[dict]:
+    instruction = prompt_cfg["instruction"].replace("{query}", query or prompt_cfg["default_query"])
+    turns = [
+        {"role": "system", "content": prompt_cfg["system"]},
+        {"role": "user", "content": [{"type": "video"}, {"type": "text", "text": instruction}]},
+    ]
+    if answer is not None:
+        turns.append({"role": "assistant", "content": answer})
+    return turns
+
+
+def assistant_labels(input_ids: list[int], tokenizer, answer: str) -> list[int]:
+    """Labels that supervise only the last assistant turn: its answer tokens and ``<|im_end|>``.
+
+    Fails, naming what it found, if the answer is not there whole (truncated or re-tokenized).
+    """
+    im_start = tokenizer.convert_tokens_to_ids("<|im_start|>")
+    im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    header = tokenizer("assistant\n", add_special_tokens=False)["input_ids"]
+    starts = [i for i, token in enumerate(input_ids) if token == im_start]
+    if not starts:
+        raise ValueError("no <|im_start|> in the sample: the chat template did not render")
+    begin = starts[-1] + 1
+    if input_ids[begin:begin + len(header)] != header:
+        raise ValueError("the last turn is not the assistant's")
+    begin += len(header)
+    try:
+        end = input_ids.index(im_end, begin)
+    except ValueError:
+        raise ValueError("the assistant turn has no <|im_end|>: the answer was truncated") from None
+    decoded = tokenizer.decode(input_ids[begin:end])
+    if decoded != answer:
+        raise ValueError(f"the supervised span decodes to {decoded!r}, not the answer {answer!r}")
+    labels = [IGNORE_INDEX] * len(input_ids)
+    labels[begin:end + 1] = input_ids[begin:end + 1]
+    return labels
+
+
+_TIMESTAMP = re.compile(r"<(\d+(?:\.\d+)?) seconds>")
+
+
+def prompt_timestamps(text: str) -> list[float]:
+    """The ``<t seconds>`` markers the Qwen3-VL processor writes before each frame pair."""
+    return [float(value) for value in _TIMESTAMP.findall(text)]

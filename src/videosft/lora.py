@@ -1,0 +1,50 @@
+"""Which modules get LoRA: one function, used by the probe to report and by the trainer to apply."""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+
+# Parts of the model that stay frozen whatever the targets say: the vision tower and its merger.
+FROZEN_PREFIXES = re.compile(r"(^|\.)(visual|vision_tower|vision_model)\.")
+
+
+def target_module_names(model, targets: list[str]) -> list[str]:
+    """Full names of the language model's ``nn.Linear`` modules whose last name is in ``targets``."""
+    import torch
+
+    wanted = set(targets)
+    return [
+        name
+        for name, module in model.named_modules()
+        if isinstance(module, torch.nn.Linear)
+        and name.rsplit(".", 1)[-1] in wanted
+        and not FROZEN_PREFIXES.search(name)
+        and not name.endswith("lm_head")
+    ]
+
+
+def coverage(model, targets: list[str], rank: int) -> dict:
+    """What the targets touch, per layer type, and the trainable parameter count they add."""
+    names = target_module_names(model, targets)
+    modules = dict(model.named_modules())
+    layer_types = list(getattr(model.config.get_text_config(), "layer_types", None) or [])
+    per_type: Counter = Counter()
+    layers_hit: dict[str, set] = {}
+    for name in names:
+        match = re.search(r"layers\.(\d+)\.", name)
+        kind = layer_types[int(match.group(1))] if match and layer_types else "layer"
+        per_type[kind] += 1
+        layers_hit.setdefault(kind, set()).add(int(match.group(1)) if match else -1)
+    trainable = sum(rank * (modules[n].in_features + modules[n].out_features) for n in names)
+    missed_types = sorted(set(layer_types) - set(per_type))
+    return {
+        "targets": targets,
+        "modules": len(names),
+        "modules_per_layer_type": dict(per_type),
+        "layers_per_layer_type": {k: len(v) for k, v in layers_hit.items()},
+        "layer_type_counts": dict(Counter(layer_types)),
+        "missed_layer_types": missed_types,
+        "trainable_parameters": trainable,
+        "examples": names[:4],
+    }

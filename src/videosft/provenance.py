@@ -1,0 +1,236 @@
+"""Run records: what ran, with which interpreter, packages, code and config.
+
+Every stage writes ``run_record.json`` beside its outputs through :func:`run_record`.
+The same module tells Snakemake which source files each stage depends on
+(:func:`stage_sources`), so the files hashed into the record are exactly the files
+whose change reruns the stage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import contextlib
+import datetime as dt
+import hashlib
+import importlib.metadata
+import json
+import os
+import platform
+import socket
+import subprocess
+import sys
+import traceback
+from pathlib import Path
+from typing import Any, Iterator
+
+PACKAGE_DIR = Path(__file__).resolve().parent
+PACKAGES = (
+    "torch",
+    "torchvision",
+    "transformers",
+    "peft",
+    "deepspeed",
+    "snakemake",
+    "decord",
+    "pandas",
+    "pyarrow",
+    "safetensors",
+)
+# Environment variables that change what a stage does.
+ENV_EXACT = (
+    "VIDEO_MIN_TOKEN_NUM",
+    "VIDEO_MAX_TOKEN_NUM",
+    "CUDA_VISIBLE_DEVICES",
+    "WORLD_SIZE",
+    "RANK",
+    "LOCAL_RANK",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "OMP_NUM_THREADS",
+    "PYTHONPATH",
+)
+ENV_PREFIXES = ("SLURM_",)
+
+
+def stage_sources(stage: str) -> list[Path]:
+    """The stage module and every ``videosft`` module it imports, transitively."""
+    seen: set[str] = set()
+    todo = [stage]
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        path = PACKAGE_DIR / f"{name}.py"
+        if not path.exists():
+            raise FileNotFoundError(f"no module videosft.{name} at {path}")
+        seen.add(name)
+        todo.extend(_local_imports(path))
+    return sorted(PACKAGE_DIR / f"{name}.py" for name in seen)
+
+
+def _local_imports(path: Path) -> set[str]:
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.ImportFrom):
+            if node.level == 1 and node.module:
+                names.add(node.module.split(".")[0])
+            elif node.level == 1:
+                names.update(alias.name for alias in node.names)
+            elif node.module and node.module.startswith("videosft."):
+                names.add(node.module.split(".")[1])
+            elif node.module == "videosft":
+                names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.startswith("videosft."):
+                    names.add(alias.name.split(".")[1])
+    return {n for n in names if (PACKAGE_DIR / f"{n}.py").exists()}
+
+
+class StaleCodeError(RuntimeError):
+    pass
+
+
+def check_code(stage: str, expected: list[str] | None) -> None:
+    """Refuse to run if the videosft modules imported are not the files the workflow tracks.
+
+    Snakemake passes the stage's source files (its rule inputs) as ``--code``; an older install
+    of videosft elsewhere on the path, or a module list that changed, shows up here.
+    """
+    if not expected:
+        return
+    ours = {path.resolve() for path in stage_sources(stage)}
+    theirs = {Path(path).resolve() for path in expected}
+    if ours != theirs:
+        raise StaleCodeError(
+            f"videosft.{stage} was imported from {PACKAGE_DIR}, but the workflow tracks "
+            f"{sorted(str(p) for p in theirs - ours)[:3]}. Another copy of videosft shadows the checkout: "
+            f"run `pip install -e .` in the checkout you run snakemake from."
+        )
+
+
+def stage_parser(doc: str | None) -> argparse.ArgumentParser:
+    """The arguments every stage takes: ``--config``, ``--out`` and (from Snakemake) ``--code``."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", required=True, help="the config sections as inline JSON, or a YAML config file")
+    parser.add_argument("--out", type=Path, required=True, help="output directory; run_record.json lands here")
+    parser.add_argument("--code", nargs="*", help="source files the workflow tracks for this stage (set by Snakemake)")
+    return parser
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def source_hashes(stage: str) -> dict[str, str]:
+    return {path.name: sha256_file(path) for path in stage_sources(stage)}
+
+
+def config_hash(section: Any) -> str:
+    return hashlib.sha256(json.dumps(section, sort_keys=True).encode()).hexdigest()
+
+
+def package_versions() -> dict[str, str | None]:
+    versions: dict[str, str | None] = {}
+    for name in PACKAGES:
+        try:
+            versions[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            versions[name] = None
+    return versions
+
+
+def behaviour_env() -> dict[str, str]:
+    return {
+        key: value
+        for key, value in sorted(os.environ.items())
+        if key in ENV_EXACT or key.startswith(ENV_PREFIXES)
+    }
+
+
+def git_state() -> dict[str, Any]:
+    def git(*args: str) -> str | None:
+        try:
+            return subprocess.run(
+                ["git", *args], cwd=PACKAGE_DIR, capture_output=True, text=True, timeout=10, check=True
+            ).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            return None
+
+    commit = git("rev-parse", "HEAD")
+    status = git("status", "--porcelain", "--untracked-files=no")
+    return {"commit": commit, "dirty": None if status is None else bool(status)}
+
+
+def devices() -> list[str]:
+    if "torch" not in sys.modules:  # stages that never import torch need not pay for it
+        return ["cpu"]
+    import torch
+
+    if torch.cuda.is_available():
+        return [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+    return ["cpu"]
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def base_record(stage: str, config: Any) -> dict[str, Any]:
+    return {
+        "stage": stage,
+        "status": "running",
+        "argv": sys.argv,
+        "interpreter": sys.executable,
+        "python": platform.python_version(),
+        "packages": package_versions(),
+        "module_file": str(PACKAGE_DIR / f"{stage}.py"),
+        "sources": source_hashes(stage),
+        "config": config,
+        "config_sha256": config_hash(config),
+        "git": git_state(),
+        "env": behaviour_env(),
+        "host": socket.gethostname(),
+        "started": _now(),
+    }
+
+
+def write_json(path: Path, payload: Any) -> None:
+    """Write JSON atomically: a reader never sees half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp.write_text(json.dumps(payload, indent=2, sort_keys=False, default=str) + "\n")
+    os.replace(tmp, path)
+
+
+@contextlib.contextmanager
+def run_record(stage: str, out_dir: Path, config: Any, enabled: bool = True,
+               code: list[str] | None = None) -> Iterator[dict[str, Any]]:
+    """Write ``out_dir/run_record.json`` around a stage's work.
+
+    The yielded dict's ``results`` entry is for the stage's own facts (counts, timings).
+    The record is written with ``status: ok`` on success and ``status: failed`` plus the
+    error on failure; ``enabled=False`` (non-zero ranks) yields a record but writes nothing.
+    """
+    check_code(stage, code)
+    record = base_record(stage, config)
+    record["results"] = {}
+    path = Path(out_dir) / "run_record.json"
+    try:
+        yield record
+    except BaseException as error:
+        record.update(status="failed", error=f"{type(error).__name__}: {error}")
+        record["traceback"] = traceback.format_exc()
+        raise
+    else:
+        record["status"] = "ok"
+    finally:
+        record["ended"] = _now()
+        record["devices"] = devices()
+        if enabled:
+            write_json(path, record)

@@ -1,0 +1,69 @@
+"""Decoding one window of a video with decord, on the container's own clock."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .budget import Budget, Plan, plan
+
+
+@dataclass
+class Clip:
+    """The frames of one window, with the times the model is told (seconds from window start)."""
+
+    frames: np.ndarray  # (T, H, W, 3) uint8, already resized to the plan
+    frame_indices: list[int]  # indices into the source video
+    local_times: list[float]  # container timestamps minus the window start
+    plan: Plan
+    source_height: int
+    source_width: int
+
+
+class VideoFile:
+    """An open video: frame timestamps read once, frames decoded on demand."""
+
+    def __init__(self, path: Path):
+        import decord
+
+        self.path = Path(path)
+        self.reader = decord.VideoReader(str(path), num_threads=1)
+        if len(self.reader) < 2:
+            raise ValueError(f"{path} has {len(self.reader)} frame(s); a video needs at least 2")
+        self.timestamps = np.asarray(self.reader.get_frame_timestamp(np.arange(len(self.reader))))[:, 0]
+        first = self.reader[0].shape
+        self.height, self.width = int(first[0]), int(first[1])
+
+    def window_frames(self, start: float, end: float) -> np.ndarray:
+        """Indices of the frames whose presentation time lies in ``[start, end)``."""
+        eps = 1e-6
+        return np.flatnonzero((self.timestamps >= start - eps) & (self.timestamps < end - eps))
+
+    def clip(self, start: float, end: float, budget: Budget, patch_size: int, merge_size: int,
+             temporal_patch_size: int) -> Clip:
+        import torch
+        from torchvision.transforms.v2 import functional as tvf
+
+        candidates = self.window_frames(start, end)
+        if len(candidates) < 2:
+            raise ValueError(f"window [{start:.3f}, {end:.3f}] s of {self.path} has {len(candidates)} frame(s)")
+        window_fps = len(candidates) / (end - start)
+        frame_plan = plan(len(candidates), window_fps, self.height, self.width, budget,
+                          patch_size, merge_size, temporal_patch_size)
+        picks = np.linspace(0, len(candidates) - 1, frame_plan.frames).round().astype(int)
+        indices = candidates[picks]
+        raw = self.reader.get_batch(indices.tolist()).asnumpy()
+        tensor = torch.from_numpy(raw).permute(0, 3, 1, 2)
+        if (frame_plan.height, frame_plan.width) != (self.height, self.width):
+            tensor = tvf.resize(tensor, [frame_plan.height, frame_plan.width],
+                                interpolation=tvf.InterpolationMode.BICUBIC, antialias=True)
+        return Clip(
+            frames=tensor.permute(0, 2, 3, 1).contiguous().numpy(),
+            frame_indices=indices.tolist(),
+            local_times=[float(t - start) for t in self.timestamps[indices]],
+            plan=frame_plan,
+            source_height=self.height,
+            source_width=self.width,
+        )

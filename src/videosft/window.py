@@ -1,0 +1,260 @@
+"""Stage 1, window: cut long videos into windows and move keep ranges into window time.
+
+A keep range ``[s, e]`` in source seconds becomes ``[s - w0, e - w0]`` in a window that starts at
+``w0``; a range that crosses a window edge is clipped to the window, and a fragment shorter than
+``window.min_fragment`` after clipping is dropped and counted. Videos are split into train / val
+as wholes, from a hash of the seed and the video path, so the split does not depend on the order
+of the annotation file.
+
+    python -m videosft.window --config config.yaml --out results/window
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import sys
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from . import config as config_lib
+from .provenance import run_record, stage_parser, write_json
+from .rejects import Rejects
+
+Range = tuple[float, float]
+
+WINDOW_SCHEMA = pa.schema(
+    [
+        ("window_id", pa.string()),
+        ("video", pa.string()),
+        ("query", pa.string()),
+        ("split", pa.string()),
+        ("video_duration", pa.float64()),
+        ("window_index", pa.int32()),
+        ("window_start", pa.float64()),
+        ("window_end", pa.float64()),
+        ("keep_source", pa.list_(pa.list_(pa.float64(), 2))),
+        ("keep_local", pa.list_(pa.list_(pa.float64(), 2))),
+    ]
+)
+
+
+@dataclass
+class Realigned:
+    local: list[Range]
+    source: list[Range]
+    clipped: int = 0
+    dropped: list[Range] = field(default_factory=list)
+
+
+def window_bounds(duration: float, length: float, stride: float, tail: str = "shift") -> list[Range]:
+    """Window ``[start, end]`` pairs covering ``[0, duration]``.
+
+    ``tail`` decides a last window that would run past the end: ``shift`` moves it left to end
+    at ``duration``, ``short`` keeps it shorter than ``length``, ``drop`` leaves it out. A video
+    shorter than one window gives one window ``[0, duration]`` unless ``tail`` is ``drop``.
+    """
+    if duration <= 0 or not math.isfinite(duration):
+        raise ValueError(f"duration must be a positive number, got {duration}")
+    bounds: list[Range] = []
+    start = 0.0
+    while start + length <= duration + 1e-9:
+        bounds.append((start, start + length))
+        start = round(start + stride, 9)
+    covered = bounds[-1][1] if bounds else 0.0
+    if covered < duration - 1e-9 and tail != "drop":
+        if tail == "shift" and duration >= length:
+            last = (duration - length, duration)
+        else:
+            last = (start if bounds else 0.0, duration)
+        if not bounds or last != bounds[-1]:
+            bounds.append(last)
+    return bounds
+
+
+def merge_ranges(ranges: list[Range]) -> tuple[list[Range], int]:
+    """Sort and merge overlapping or touching ranges; return them and how many merges happened."""
+    merged: list[list[float]] = []
+    merges = 0
+    for start, end in sorted(ranges):
+        if merged and start <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], end)
+            merges += 1
+        else:
+            merged.append([start, end])
+    return [(s, e) for s, e in merged], merges
+
+
+def realign(keep: list[Range], start: float, end: float, min_fragment: float) -> Realigned:
+    """Clip ``keep`` (source seconds) to ``[start, end]`` and express it in window time."""
+    result = Realigned(local=[], source=[])
+    for keep_start, keep_end in keep:
+        if keep_end <= start or keep_start >= end:
+            continue
+        clipped_start, clipped_end = max(keep_start, start), min(keep_end, end)
+        if (clipped_start, clipped_end) != (keep_start, keep_end):
+            result.clipped += 1
+        if clipped_end - clipped_start < min_fragment:
+            result.dropped.append((clipped_start, clipped_end))
+            continue
+        result.source.append((clipped_start, clipped_end))
+        result.local.append((clipped_start - start, clipped_end - start))
+    return result
+
+
+def assign_splits(videos: list[str], val_fraction: float, seed: int) -> dict[str, str]:
+    """'val' for the ``round(val_fraction * n)`` videos with the smallest seeded hash, else 'train'.
+
+    At least one video goes to each split when there are two or more and ``val_fraction > 0``.
+    """
+    ranked = sorted(set(videos), key=lambda name: _video_hash(name, seed))
+    n_val = round(val_fraction * len(ranked))
+    if val_fraction > 0 and len(ranked) >= 2:
+        n_val = min(max(n_val, 1), len(ranked) - 1)
+    return {video: "val" if rank < n_val else "train" for rank, video in enumerate(ranked)}
+
+
+def _video_hash(video: str, seed: int) -> str:
+    return hashlib.sha256(f"{seed}:{video}".encode()).hexdigest()
+
+
+def resolve_video(root: Path, relative: str) -> Path:
+    """The video's path under ``root``; paths that leave the root are refused."""
+    candidate = Path(relative)
+    if candidate.is_absolute():
+        raise ValueError(f"video path {relative!r} is absolute; give it relative to data.root ({root})")
+    resolved = (root / candidate).resolve()
+    if not resolved.is_relative_to(root.resolve()):
+        raise ValueError(f"video path {relative!r} leaves data.root ({root})")
+    return resolved
+
+
+def video_duration(path: Path) -> float:
+    """Duration from the container: the end time of the last frame."""
+    import decord
+
+    reader = decord.VideoReader(str(path), num_threads=1)
+    if len(reader) < 2:
+        raise ValueError(f"{path} has {len(reader)} frame(s); a video needs at least 2")
+    return float(reader.get_frame_timestamp(len(reader) - 1)[1])
+
+
+def parse_annotation(line: str) -> dict:
+    """One JSONL line, checked: ``video`` (str), optional ``query`` (str), ``keep`` ([[s, e], ...])."""
+    try:
+        row = json.loads(line)
+    except json.JSONDecodeError as error:
+        raise ValueError(f"not valid JSON ({error.msg} at column {error.colno})") from None
+    if not isinstance(row, dict) or not isinstance(row.get("video"), str):
+        raise ValueError('needs an object with a string "video"')
+    keep = row.get("keep", [])
+    if not isinstance(keep, list):
+        raise ValueError('"keep" must be a list of [start, end] pairs')
+    for pair in keep:
+        if not (isinstance(pair, list) and len(pair) == 2 and all(isinstance(v, (int, float)) for v in pair)):
+            raise ValueError(f"keep range {pair!r} is not a [start, end] pair of numbers")
+        start, end = pair
+        if not (math.isfinite(start) and math.isfinite(end)):
+            raise ValueError(f"keep range {pair!r} has a non-finite time")
+        if start < 0:
+            raise ValueError(f"keep range {pair!r} starts before 0")
+        if start >= end:
+            raise ValueError(f"keep range {pair!r} has start >= end")
+    query = row.get("query")
+    if query is not None and not isinstance(query, str):
+        raise ValueError('"query" must be a string')
+    return {"video": row["video"], "query": query, "keep": [(float(s), float(e)) for s, e in keep]}
+
+
+def build_windows(annotations: Path, root: Path, cfg: dict, rejects: Rejects) -> tuple[list[dict], Counter]:
+    wcfg = cfg["window"]
+    counts: Counter = Counter()
+    rows = []
+    seen: set[tuple[str, str | None]] = set()
+    for line_number, line in enumerate(annotations.read_text().splitlines(), start=1):
+        if not line.strip():
+            continue
+        where = f"{annotations}:{line_number}"
+        ann = None
+        try:
+            ann = parse_annotation(line)
+            key = (ann["video"], ann["query"])
+            if key in seen:
+                raise ValueError(f"duplicate entry for video {ann['video']!r} and query {ann['query']!r}")
+            seen.add(key)
+            path = resolve_video(root, ann["video"])
+            if not path.exists():
+                raise FileNotFoundError(f"video {path} does not exist")
+            duration = video_duration(path)
+            late = [r for r in ann["keep"] if r[1] > duration + 1e-3]
+            if late:
+                raise ValueError(f"keep ranges {late} end after the video's duration {duration:.3f} s")
+        except Exception as error:  # one bad line never loses the others
+            rejects.add(where, error, video=ann and ann["video"])
+            continue
+        keep, merges = merge_ranges(ann["keep"])
+        counts["keep_ranges"] += len(ann["keep"])
+        counts["keep_merged"] += merges
+        counts["videos"] += 1
+        bounds = window_bounds(duration, wcfg["length"], wcfg["stride"], wcfg["tail"])
+        for index, (start, end) in enumerate(bounds):
+            aligned = realign(keep, start, end, wcfg["min_fragment"])
+            counts["fragments_clipped"] += aligned.clipped
+            counts["fragments_dropped"] += len(aligned.dropped)
+            counts["windows"] += 1
+            counts["windows_empty"] += not aligned.local
+            rows.append(
+                {
+                    "window_id": f"{ann['video']}#{index:04d}" + (f"?{ann['query']}" if ann["query"] else ""),
+                    "video": ann["video"],
+                    "query": ann["query"],
+                    "video_duration": duration,
+                    "window_index": index,
+                    "window_start": start,
+                    "window_end": end,
+                    "keep_source": [list(r) for r in aligned.source],
+                    "keep_local": [list(r) for r in aligned.local],
+                }
+            )
+    splits = assign_splits([row["video"] for row in rows], wcfg["val_fraction"], wcfg["seed"])
+    for row in rows:
+        row["split"] = splits[row["video"]]
+        counts[f"windows_{row['split']}"] += 1
+    counts["videos_val"] = sum(split == "val" for split in splits.values())
+    counts["videos_train"] = sum(split == "train" for split in splits.values())
+    return rows, counts
+
+
+def write_windows(rows: list[dict], path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    table = pa.Table.from_pylist(rows, schema=WINDOW_SCHEMA)
+    tmp = path.with_name(f".{path.name}.tmp")
+    pq.write_table(table, tmp)
+    tmp.replace(path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = stage_parser(__doc__)
+    args = parser.parse_args(argv)
+    cfg = config_lib.load(args.config, "window")
+    with run_record("window", args.out, cfg, code=args.code) as record:
+        rejects = Rejects(args.out / "rejects.jsonl")
+        rows, counts = build_windows(Path(cfg["data"]["annotations"]), Path(cfg["data"]["root"]), cfg, rejects)
+        write_windows(rows, args.out / "windows.parquet")
+        record["results"] = {"counts": dict(counts), "rejects": rejects.summary()}
+        write_json(args.out / "summary.json", record["results"])
+        print(f"window: {counts['windows']} windows from {counts['videos']} videos "
+              f"({counts['windows_train']} train, {counts['windows_val']} val); "
+              f"{counts['fragments_clipped']} ranges clipped, {counts['fragments_dropped']} fragments dropped, "
+              f"{len(rejects)} rejected")
+        rejects.check(cfg["data"]["max_reject_fraction"], total=counts["videos"] + len(rejects), what="annotations")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,60 @@
+"""Shared fixtures: the embedded demo (videos + tiny Qwen3.5 checkpoint), made once per session."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from videosft import config as config_lib
+
+PROJECT = Path(__file__).resolve().parents[1]
+
+
+def stage_json(stage: str, overrides: dict | None = None) -> str:
+    """A stage's --config as Snakemake passes it: the sections it reads, defaults filled."""
+    return json.dumps(config_lib.stage_config(stage, config_lib.resolve(overrides or {})))
+
+
+@pytest.fixture(scope="session")
+def demo_dir(tmp_path_factory) -> Path:
+    from videosft import demo
+
+    out = tmp_path_factory.mktemp("demo")
+    assert demo.main(["--config", stage_json("demo"), "--out", str(out)]) == 0
+    return out
+
+
+@pytest.fixture(scope="session")
+def demo_config(demo_dir) -> dict:
+    """Config overrides that point the stages at the session's demo data."""
+    return {
+        "data": {"annotations": str(demo_dir / "annotations.jsonl"), "root": str(demo_dir / "videos")},
+        "model": {"path": str(demo_dir / "model")},
+        "train": {"deepspeed_config": str(PROJECT / "workflow" / "deepspeed" / "zero3.json"), "timeout_s": 60},
+    }
+
+
+@pytest.fixture(scope="session")
+def prepared(tmp_path_factory, demo_config) -> Path:
+    """window + preprocess + probe outputs on the demo, under one results directory."""
+    from videosft import preprocess, probe, window
+
+    results = tmp_path_factory.mktemp("results")
+    assert window.main(["--config", stage_json("window", demo_config), "--out", str(results / "window")]) == 0
+    assert preprocess.main(["--config", stage_json("preprocess", demo_config),
+                            "--windows", str(results / "window" / "windows.parquet"),
+                            "--out", str(results / "preprocess")]) == 0
+    assert probe.main(["--config", stage_json("probe", demo_config), "--out", str(results / "probe")]) == 0
+    return results
+
+
+def run_torchrun(args: list[str], nproc: int = 2, timeout: int = 300, env: dict | None = None):
+    """A real multi-process run, as the train rule starts it."""
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", *args]
+    environment = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
+    return subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=environment, cwd=PROJECT)

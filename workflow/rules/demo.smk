@@ -1,0 +1,20 @@
+rule demo:
+    """Synthetic videos with known keep ranges and a tiny random-init Qwen3.5 checkpoint."""
+    input:
+        code=sources("demo"),
+    output:
+        videos=directory("data/demo/videos"),
+        annotations="data/demo/annotations.jsonl",
+        model=directory("data/demo/model"),
+        record="data/demo/run_record.json",
+    params:
+        cfg=stage_json("demo"),
+        out=output_dir,
+    conda:
+        ENV
+    log:
+        "logs/demo/demo.log",
+    benchmark:
+        "benchmarks/demo/demo.tsv"
+    shell:
+        "python -m videosft.demo --config {params.cfg:q} --code {input.code} --out {params.out} > {log} 2>&1"

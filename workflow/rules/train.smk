@@ -1,0 +1,27 @@
+rule train:
+    """LoRA under DeepSpeed ZeRO-3, one process per device (resource nproc, 2 by default)."""
+    input:
+        samples=rules.preprocess.output.train,
+        probe=rules.probe.output.probe,
+        model=config["model"]["path"],
+        deepspeed=config["train"]["deepspeed_config"],
+        code=sources("train"),
+    output:
+        adapter=directory("results/train/adapter"),
+        record="results/train/run_record.json",
+    params:
+        cfg=stage_json("train"),
+        out=output_dir,
+    threads: 2
+    resources:
+        nproc=2,
+    conda:
+        ENV
+    log:
+        "logs/train/train.log",
+    benchmark:
+        "benchmarks/train/train.tsv"
+    shell:
+        "OMP_NUM_THREADS=$(( {threads} / {resources.nproc} > 0 ? {threads} / {resources.nproc} : 1 )) "
+        "torchrun --standalone --nproc_per_node {resources.nproc} -m videosft.train "
+        "--config {params.cfg:q} --code {input.code} --samples {input.samples} --probe {input.probe} --out {params.out} > {log} 2>&1"

@@ -1,0 +1,21 @@
+rule window:
+    """Cut videos into windows, realign keep ranges into window time, split train/val by video."""
+    input:
+        annotations=config["data"]["annotations"],
+        videos=config["data"]["root"],
+        code=sources("window"),
+    output:
+        windows="results/window/windows.parquet",
+        rejects="results/window/rejects.jsonl",
+        record="results/window/run_record.json",
+    params:
+        cfg=stage_json("window"),
+        out=output_dir,
+    conda:
+        ENV
+    log:
+        "logs/window/window.log",
+    benchmark:
+        "benchmarks/window/window.tsv"
+    shell:
+        "python -m videosft.window --config {params.cfg:q} --code {input.code} --out {params.out} > {log} 2>&1"
