@@ -46,8 +46,12 @@ def prepared(tmp_path_factory, demo_config) -> Path:
 
     results = tmp_path_factory.mktemp("results")
     assert window.main(["--config", stage_json("window", demo_config), "--out", str(results / "window")]) == 0
-    assert preprocess.main(["--config", stage_json("preprocess", demo_config),
-                            "--windows", str(results / "window" / "windows.parquet"),
+    shards = [results / "preprocess" / "shards" / str(i) for i in range(2)]
+    for index, shard in enumerate(shards):
+        assert preprocess.main(["--config", stage_json("preprocess", demo_config), "--shard", str(index),
+                                "--shards", "2", "--windows", str(results / "window" / "windows.parquet"),
+                                "--out", str(shard)]) == 0
+    assert preprocess.main(["--config", stage_json("preprocess", demo_config), "--gather", *map(str, shards),
                             "--out", str(results / "preprocess")]) == 0
     assert probe.main(["--config", stage_json("probe", demo_config), "--out", str(results / "probe")]) == 0
     return results

@@ -22,7 +22,7 @@ SCHEMA_PATH = PROJECT_DIR / "workflow" / "schemas" / "config.schema.yaml"
 STAGE_SECTIONS = {
     "demo": ["demo"],
     "window": ["data", "window"],
-    "preprocess": ["data", "model", "video", "prompt"],
+    "preprocess": ["data", "model", "video", "prompt", "preprocess"],
     "probe": ["model", "lora"],
     "train": ["model", "lora", "train"],
     "verify": ["model", "verify"],

@@ -6,20 +6,28 @@ For each window: decode only its frames with decord, resize them under the budge
 window starts at 0 s, like the answer). Every sample is checked: the processor's
 ``video_grid_thw`` equals the planned grid (the budget took effect), the visual tokens equal the
 grid over merge², the ``<t seconds>`` markers match the frames' times, the answer is whole and
-supervised. Output: ``train.parquet`` and ``val.parquet`` holding everything the trainer needs
-(it never decodes video), and ``rejects.jsonl`` for windows that could not be used.
+supervised.
+
+The windows are split into shards by video (``--shard i --shards n``, one Snakemake job each, so
+``--cores n`` decodes on n cores); each shard writes ``train-NNNNN.parquet`` / ``val-NNNNN.parquet``
+files of bounded size holding everything the trainer needs (it never decodes video), and
+``rejects.jsonl`` for windows that could not be used. ``--gather`` joins the shards into
+``manifest.json``, the one file later stages read.
 
     python -m videosft.preprocess --config config.yaml --windows results/window/windows.parquet \\
+        --shard 0 --shards 1 --out results/preprocess/shards/0
+    python -m videosft.preprocess --config config.yaml --gather results/preprocess/shards/0 \\
         --out results/preprocess
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import sys
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from pathlib import Path
 
 import numpy as np
@@ -30,7 +38,7 @@ from . import config as config_lib
 from .budget import Budget, resolve_budget
 from .chat import assistant_labels, messages, prompt_timestamps, render_answer
 from .provenance import run_record, stage_parser, sha256_file, write_json
-from .rejects import Rejects
+from .rejects import Rejects, TooManyRejects
 from .video import Clip, VideoFile
 from .window import resolve_video
 
@@ -62,6 +70,7 @@ SAMPLE_SCHEMA = pa.schema(
         ("input_tokens", pa.int32()),
         ("supervised_tokens", pa.int32()),
         ("decode_seconds", pa.float64()),
+        ("budget_max_tokens", pa.int32()),  # per frame pair; below video.max_tokens when fitted
         ("input_ids", pa.list_(pa.int32())),
         ("labels", pa.list_(pa.int32())),
         ("mm_token_type_ids", pa.list_(pa.int8())),
@@ -114,12 +123,11 @@ def expected_markers(local_times: list[float], temporal_patch_size: int) -> list
     return [round(sum(p) / len(p), 1) for p in pairs]
 
 
-def build_sample(window: dict, video: VideoFile, processor, cfg: dict, budget: Budget, geometry: dict) -> dict:
-    tokenizer = processor.tokenizer
+def encode_window(window: dict, video: VideoFile, processor, cfg: dict, budget: Budget, geometry: dict):
+    """Decode, resize and encode one window under ``budget``; check that the budget took effect."""
     started = time.perf_counter()
     clip = video.clip(window["window_start"], window["window_end"], budget, **geometry)
     decode_seconds = time.perf_counter() - started
-
     answer = render_answer(window["keep_local"])
     text = processor.apply_chat_template(messages(cfg["prompt"], window["query"], answer), tokenize=False)
     encoded = encode(processor, clip, text)
@@ -130,19 +138,47 @@ def build_sample(window: dict, video: VideoFile, processor, cfg: dict, budget: B
             f"the processor produced video_grid_thw {list(grid)} but the budget planned "
             f"{list(clip.plan.grid)}: the budget did not take effect"
         )
-    video_token = processor.video_token_id
-    visual_tokens = sum(token == video_token for token in input_ids)
+    visual_tokens = sum(token == processor.video_token_id for token in input_ids)
     if visual_tokens != clip.plan.visual_tokens:
         raise SampleError(f"{visual_tokens} video tokens in the prompt, grid implies {clip.plan.visual_tokens}")
-    markers = prompt_timestamps(tokenizer.decode(input_ids))
+    markers = prompt_timestamps(processor.tokenizer.decode(input_ids))
     expected = expected_markers(clip.local_times, geometry["temporal_patch_size"])
     if len(markers) != len(expected) or any(abs(a - b) > 0.051 for a, b in zip(markers, expected)):
         raise SampleError(f"prompt frame times {markers} differ from the window's frame times {expected}")
-    if len(input_ids) > cfg["data"]["max_length"]:
+    return clip, encoded, input_ids, grid, visual_tokens, answer, decode_seconds
+
+
+def fitted_budget(budget: Budget, input_tokens: int, visual_tokens: int, pairs: int, max_length: int) -> Budget | None:
+    """The largest per-pair budget under which the sample fits ``max_length``, or None if none does."""
+    per_pair = (max_length - (input_tokens - visual_tokens)) // pairs
+    if per_pair < budget.min_tokens:
+        return None
+    return dataclasses.replace(budget, max_tokens=min(per_pair, budget.max_tokens),
+                               max_tokens_from=f"fitted to data.max_length={max_length}")
+
+
+def build_sample(window: dict, video: VideoFile, processor, cfg: dict, budget: Budget, geometry: dict) -> dict:
+    max_length = cfg["data"]["max_length"]
+    clip, encoded, input_ids, grid, visual_tokens, answer, decode_seconds = encode_window(
+        window, video, processor, cfg, budget, geometry)
+    # Never truncate: lower this sample's per-frame budget until it fits (policy fit), or reject it.
+    for _ in range(3):
+        if len(input_ids) <= max_length or cfg["data"]["overlong"] != "fit":
+            break
+        smaller = fitted_budget(budget, len(input_ids), visual_tokens, grid[0], max_length)
+        if smaller is None or smaller.max_tokens >= budget.max_tokens:
+            break
+        budget = smaller
+        clip, encoded, input_ids, grid, visual_tokens, answer, seconds = encode_window(
+            window, video, processor, cfg, budget, geometry)
+        decode_seconds += seconds
+    if len(input_ids) > max_length:
         raise SampleError(
-            f"{len(input_ids)} tokens exceed data.max_length={cfg['data']['max_length']} "
-            f"({visual_tokens} visual); lower the video budget or raise data.max_length"
+            f"{len(input_ids)} tokens exceed data.max_length={max_length} ({visual_tokens} visual"
+            + (", even at the smallest per-frame budget video.min_tokens" if cfg["data"]["overlong"] == "fit" else "")
+            + "); lower the video budget or raise data.max_length"
         )
+    tokenizer = processor.tokenizer
     labels = assistant_labels(input_ids, tokenizer, answer)
     supervised = sum(label != -100 for label in labels)
     pixels = np.asarray(encoded["pixel_values_videos"], dtype=np.float32)
@@ -165,6 +201,7 @@ def build_sample(window: dict, video: VideoFile, processor, cfg: dict, budget: B
         "input_tokens": len(input_ids),
         "supervised_tokens": supervised,
         "decode_seconds": decode_seconds,
+        "budget_max_tokens": budget.max_tokens,
         "input_ids": input_ids,
         "labels": labels,
         "mm_token_type_ids": encoded["mm_token_type_ids"][0].tolist(),
@@ -173,38 +210,56 @@ def build_sample(window: dict, video: VideoFile, processor, cfg: dict, budget: B
     }
 
 
-class SplitWriter:
-    """Streams samples into ``<split>.parquet`` in small row groups so memory stays flat."""
+class ShardWriter:
+    """Streams samples into ``<split>-NNNNN.parquet`` files of bounded size, in small row groups.
 
-    def __init__(self, out_dir: Path, metadata: dict):
+    Memory holds at most one row group; a file is closed and the next begun once it passes
+    ``max_bytes``, so neither memory nor file size grows with the number of windows.
+    """
+
+    def __init__(self, out_dir: Path, metadata: dict, max_bytes: int):
         self.out_dir = out_dir
         self.schema = SAMPLE_SCHEMA.with_metadata({"videosft": json.dumps(metadata)})
-        self.writers: dict[str, pq.ParquetWriter] = {}
+        self.max_bytes = max_bytes
+        self.open: dict[str, tuple[pq.ParquetWriter, Path, Path]] = {}
+        self.bytes: dict[str, int] = defaultdict(int)
         self.pending: dict[str, list[dict]] = defaultdict(list)
         self.counts: dict[str, int] = defaultdict(int)
-
-    def _tmp(self, split: str) -> Path:
-        return self.out_dir / f".{split}.parquet.tmp"
+        self.files: dict[str, list[str]] = defaultdict(list)
 
     def add(self, sample: dict) -> None:
         split = sample["split"]
         self.pending[split].append(sample)
         self.counts[split] += 1
+        self.bytes[split] += len(sample["pixel_values"]) + 8 * len(sample["input_ids"])
         if len(self.pending[split]) >= ROW_GROUP:
             self._flush(split)
+        if self.bytes[split] >= self.max_bytes:
+            self._close(split)
 
     def _flush(self, split: str) -> None:
-        if split not in self.writers:
-            self.writers[split] = pq.ParquetWriter(self._tmp(split), self.schema)
-        if self.pending[split]:
-            self.writers[split].write_table(pa.Table.from_pylist(self.pending[split], schema=self.schema))
+        if not self.pending[split]:
+            return
+        if split not in self.open:
+            final = self.out_dir / f"{split}-{len(self.files[split]):05d}.parquet"
+            tmp = final.with_name(f".{final.name}.tmp")
+            self.open[split] = (pq.ParquetWriter(tmp, self.schema), tmp, final)
+        self.open[split][0].write_table(pa.Table.from_pylist(self.pending[split], schema=self.schema))
         self.pending[split] = []
 
-    def close(self, splits: tuple[str, ...] = ("train", "val")) -> None:
-        for split in splits:
-            self._flush(split)
-            self.writers[split].close()
-            self._tmp(split).replace(self.out_dir / f"{split}.parquet")
+    def _close(self, split: str) -> None:
+        self._flush(split)
+        if split in self.open:
+            writer, tmp, final = self.open.pop(split)
+            writer.close()
+            tmp.replace(final)  # a file that exists is complete
+            self.files[split].append(final.name)
+        self.bytes[split] = 0
+
+    def close(self) -> dict[str, list[str]]:
+        for split in list(self.pending) + list(self.open):
+            self._close(split)
+        return dict(self.files)
 
 
 def read_metadata(path: Path) -> dict:
@@ -228,7 +283,13 @@ def summarize(values: list[float]) -> dict:
     return {"min": float(array.min()), "mean": float(array.mean()), "max": float(array.max())}
 
 
-def run(windows_path: Path, out_dir: Path, cfg: dict, record: dict) -> None:
+def shard_of(video: str, shards: int) -> int:
+    """The shard a video's windows go to: all windows of one video in one shard (one decoder)."""
+    return int(hashlib.sha256(video.encode()).hexdigest(), 16) % shards
+
+
+def run_shard(windows_path: Path, out_dir: Path, cfg: dict, shard: int, shards: int, record: dict) -> None:
+    """Preprocess the windows of the videos that hash to ``shard`` (of ``shards``)."""
     from transformers import AutoProcessor
 
     model_path = Path(cfg["model"]["path"])
@@ -244,8 +305,8 @@ def run(windows_path: Path, out_dir: Path, cfg: dict, record: dict) -> None:
         "model_files_sha256": model_hashes(model_path),
         "max_length": cfg["data"]["max_length"],
     }
-    writer = SplitWriter(out_dir, metadata)
-    windows = pq.read_table(windows_path).to_pylist()
+    writer = ShardWriter(out_dir, metadata, int(cfg["preprocess"]["shard_mb"] * 2**20))
+    windows = [w for w in pq.read_table(windows_path).to_pylist() if shard_of(w["video"], shards) == shard]
     by_video: dict[str, list[dict]] = defaultdict(list)
     for window in windows:
         by_video[window["video"]].append(window)
@@ -265,41 +326,101 @@ def run(windows_path: Path, out_dir: Path, cfg: dict, record: dict) -> None:
                 rejects.add(window["window_id"], error, video=video_name)
                 continue
             writer.add(sample)
-            for key in ("visual_tokens", "text_tokens", "input_tokens", "supervised_tokens", "decode_seconds"):
+            for key in FACTS:
                 facts[key].append(sample[key])
             facts["frames"].append(len(sample["frame_indices"]))
-            facts["grids"].append(sample["video_grid_thw"])
-    writer.close()
+    files = writer.close()
     record["results"] = {
-        "windows": len(windows),
-        "samples": dict(writer.counts),
-        "rejects": rejects.summary(),
-        "budget": budget.as_dict(),
-        "geometry": geometry,
-        "grids": sorted({tuple(g) for g in facts.pop("grids", [])}),
-        **{key: summarize(values) for key, values in facts.items()},
+        "shard": shard, "shards": shards, "windows": len(windows), "samples": dict(writer.counts),
+        "files": files, "rejects": rejects.summary(), "budget": budget.as_dict(), "geometry": geometry,
+        "facts": {key: values for key, values in facts.items()},
     }
     write_json(out_dir / "summary.json", record["results"])
+    print(f"preprocess shard {shard}/{shards}: {sum(writer.counts.values())} samples {dict(writer.counts)} from "
+          f"{len(windows)} windows, {len(rejects)} rejected")
+
+
+FACTS = ("visual_tokens", "text_tokens", "input_tokens", "supervised_tokens", "decode_seconds", "budget_max_tokens")
+MANIFEST = "manifest.json"
+
+
+def gather(shard_dirs: list[Path], out_dir: Path, cfg: dict, record: dict) -> None:
+    """Join the shards: one manifest of sample files per split, the rejects, the summary, the checks."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    summaries = [json.loads((directory / "summary.json").read_text()) for directory in shard_dirs]
+    files: dict[str, list[str]] = defaultdict(list)
+    counts: dict[str, int] = defaultdict(int)
+    facts: dict[str, list] = defaultdict(list)
+    reject_lines = []
+    for directory, summary in zip(shard_dirs, summaries):
+        for split, names in summary["files"].items():
+            files[split] += [str((directory / name).resolve().relative_to(out_dir.resolve())) for name in names]
+        for split, count in summary["samples"].items():
+            counts[split] += count
+        for key, values in summary["facts"].items():
+            facts[key] += values
+        reject_lines += (directory / "rejects.jsonl").read_text().splitlines()
+    (out_dir / "rejects.jsonl").write_text("".join(line + "\n" for line in reject_lines))
+    windows = sum(summary["windows"] for summary in summaries)
+    budget = summaries[0]["budget"]
+    record["results"] = {
+        "windows": windows, "samples": dict(counts), "rejects": len(reject_lines),
+        "rejects_by_reason": dict(Counter(json.loads(line)["reason"] for line in reject_lines)),
+        "budget": budget, "geometry": summaries[0]["geometry"], "shards": len(shard_dirs),
+        **{key: summarize(values) for key, values in facts.items()},
+    }
     results = record["results"]
     print(
-        f"preprocess: {sum(writer.counts.values())} samples ({dict(writer.counts)}), {len(rejects)} rejected; "
-        f"frames {results.get('frames')}, grids {results['grids']}, input tokens {results.get('input_tokens')}, "
-        f"supervised {results.get('supervised_tokens')}; budget {budget.min_tokens}-{budget.max_tokens} tokens "
-        f"per frame pair ({budget.max_tokens_from})"
+        f"preprocess: {sum(counts.values())} samples ({dict(counts)}) from {windows} windows in {len(shard_dirs)} "
+        f"shards, {len(reject_lines)} rejected; frames {results.get('frames')}, visual tokens "
+        f"{results.get('visual_tokens')}, input tokens {results.get('input_tokens')}, supervised "
+        f"{results.get('supervised_tokens')}; budget {budget['min_tokens']}-{budget['max_tokens']} tokens per frame "
+        f"pair ({budget['max_tokens_from']})"
     )
-    rejects.check(cfg["data"]["max_reject_fraction"], total=len(windows), what="windows")
+    if windows and len(reject_lines) / windows > cfg["data"]["max_reject_fraction"]:
+        listing = "\n".join(f"  {json.loads(line)['where']}: {json.loads(line)['error']}" for line in reject_lines[:20])
+        raise TooManyRejects(
+            f"{len(reject_lines)} of {windows} windows rejected (limit data.max_reject_fraction="
+            f"{cfg['data']['max_reject_fraction']}); see {out_dir / 'rejects.jsonl'}:\n{listing}"
+        )
     for split in ("train", "val"):
-        if not writer.counts.get(split):
-            raise ValueError(f"no {split} samples were produced; check the window split and rejects")
+        if not counts.get(split):
+            raise ValueError(f"no {split} samples were produced; check the window split and the rejects")
+    write_json(out_dir / MANIFEST, {"schema_version": SCHEMA_VERSION, "files": dict(files), "samples": dict(counts),
+                                    "budget": budget, "geometry": summaries[0]["geometry"]})
+
+
+def sample_files(manifest_path: Path, split: str) -> list[Path]:
+    """The sample files of one split, as the manifest lists them; each file's version is checked."""
+    manifest = json.loads(Path(manifest_path).read_text())
+    paths = [Path(manifest_path).parent / name for name in manifest["files"].get(split, [])]
+    for path in paths:
+        read_metadata(path)
+    return paths
+
+
+def read_samples(manifest_path: Path, split: str, columns: list[str] | None = None) -> list[dict]:
+    return [row for path in sample_files(manifest_path, split)
+            for row in pq.read_table(path, columns=columns).to_pylist()]
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = stage_parser(__doc__)
-    parser.add_argument("--windows", type=Path, required=True, help="windows.parquet from the window stage")
+    parser.add_argument("--windows", type=Path, help="windows.parquet from the window stage (shard mode)")
+    parser.add_argument("--shard", type=int, default=0, help="which shard to preprocess (0-based)")
+    parser.add_argument("--shards", type=int, default=1, help="how many shards the windows are split into")
+    parser.add_argument("--gather", type=Path, nargs="+", help="shard directories to join into a manifest")
     args = parser.parse_args(argv)
+    if (args.windows is None) == (args.gather is None):
+        parser.error("give either --windows (preprocess a shard) or --gather (join shards)")
+    if not 0 <= args.shard < args.shards:
+        parser.error(f"--shard {args.shard} is not in 0..{args.shards - 1}")
     cfg = config_lib.load(args.config, "preprocess")
     with run_record("preprocess", args.out, cfg, code=args.code) as record:
-        run(args.windows, args.out, cfg, record)
+        if args.gather:
+            gather(args.gather, args.out, cfg, record)
+        else:
+            run_shard(args.windows, args.out, cfg, args.shard, args.shards, record)
     return 0
 
 

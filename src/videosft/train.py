@@ -1,7 +1,7 @@
 """Stage 4, train: LoRA fine-tuning under DeepSpeed ZeRO-3, one process per device.
 
     torchrun --nproc_per_node 2 -m videosft.train --config config.yaml \\
-        --samples results/preprocess/train.parquet --probe results/probe/probe.json --out results/train
+        --samples results/preprocess/manifest.json --probe results/probe/probe.json --out results/train
 
 The model is built inside ``deepspeed.zero.Init`` (partitioned as it is created, no full copy
 per rank) and loaded from the checkpoint through the probe's key map, one gathered parameter at
@@ -26,13 +26,12 @@ import time
 from pathlib import Path
 
 import numpy as np
-import pyarrow.parquet as pq
 
 from . import config as config_lib
 from .chat import IGNORE_INDEX
 from .keymap import model_class
 from .lora import target_module_names
-from .preprocess import read_metadata
+from .preprocess import read_samples
 from .provenance import run_record, stage_parser, write_json
 
 ADAPTER_FILES = {"adapter_model.safetensors", "adapter_config.json", "README.md"}
@@ -46,12 +45,12 @@ class DataError(RuntimeError):
 # ---------------------------------------------------------------- data
 
 
-def load_samples(path: Path) -> list[dict]:
-    read_metadata(path)  # refuses a schema version this code does not know
-    rows = pq.read_table(path).to_pylist()
+def load_samples(manifest: Path) -> list[dict]:
+    """The train split, in a fixed order (files of an unknown schema version are refused)."""
+    rows = read_samples(manifest, "train")
     rows.sort(key=lambda row: row["window_id"])
     if not rows:
-        raise DataError(f"{path} holds no samples")
+        raise DataError(f"{manifest} lists no train samples")
     return rows
 
 
@@ -436,7 +435,7 @@ def ledger_summary(out: Path, world: int, rows: list[dict]) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     parser = stage_parser(__doc__)
-    parser.add_argument("--samples", type=Path, required=True, help="train.parquet from the preprocess stage")
+    parser.add_argument("--samples", type=Path, required=True, help="manifest.json from the preprocess stage")
     parser.add_argument("--probe", type=Path, required=True, help="probe.json from the probe stage")
     args = parser.parse_args(argv)
     cfg = config_lib.load(args.config, "train")

@@ -6,7 +6,7 @@ merged (``merge_and_unload``) and unmerged models must give the same logits on r
 within ``verify.forward_atol``. Exits non-zero on any mismatch.
 
     python -m videosft.verify --config config.yaml --adapter results/train/adapter \\
-        --samples results/preprocess/val.parquet --out results/verify
+        --samples results/preprocess/manifest.json --out results/verify
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ import sys
 import time
 from pathlib import Path
 
-import pyarrow.parquet as pq
 
 from . import config as config_lib
 from .keymap import model_class
+from .preprocess import read_samples
 from .provenance import run_record, stage_parser, write_json
 from .train import ADAPTER_FILES, WORKFLOW_MARKERS, collate
 
@@ -100,7 +100,7 @@ def verify(cfg: dict, adapter_dir: Path, samples_path: Path) -> dict:
     load_seconds = time.perf_counter() - started
     tensors = compare_adapter(model, adapter_dir)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    rows = pq.read_table(samples_path).to_pylist()[: cfg["verify"]["forward_samples"]]
+    rows = read_samples(samples_path, "val")[: cfg["verify"]["forward_samples"]]
     forward = forward_agreement(model, rows, tokenizer.pad_token_id or 0, cfg["verify"]["forward_atol"])
     problems = list(tensors["problems"])
     if files["unexpected_files"]:
@@ -114,7 +114,7 @@ def verify(cfg: dict, adapter_dir: Path, samples_path: Path) -> dict:
 def main(argv: list[str] | None = None) -> int:
     parser = stage_parser(__doc__)
     parser.add_argument("--adapter", type=Path, required=True, help="adapter directory from the train stage")
-    parser.add_argument("--samples", type=Path, required=True, help="val.parquet from the preprocess stage")
+    parser.add_argument("--samples", type=Path, required=True, help="manifest.json from the preprocess stage")
     args = parser.parse_args(argv)
     cfg = config_lib.load(args.config, "verify")
     with run_record("verify", args.out, cfg, code=args.code) as record:

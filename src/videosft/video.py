@@ -29,11 +29,17 @@ class VideoFile:
         import decord
 
         self.path = Path(path)
-        self.reader = decord.VideoReader(str(path), num_threads=1)
+        try:
+            self.reader = decord.VideoReader(str(path), num_threads=1)
+            frame_times = np.asarray(self.reader.get_frame_timestamp(np.arange(len(self.reader))))
+            first = self.reader[0].shape
+        except Exception as error:  # decord raises bare RuntimeErrors / DECORDErrors
+            raise ValueError(f"{path} could not be decoded as a video ({str(error).splitlines()[0]}); "
+                             "check the file or re-encode it") from None
         if len(self.reader) < 2:
             raise ValueError(f"{path} has {len(self.reader)} frame(s); a video needs at least 2")
-        self.timestamps = np.asarray(self.reader.get_frame_timestamp(np.arange(len(self.reader))))[:, 0]
-        first = self.reader[0].shape
+        self.timestamps = frame_times[:, 0]
+        self.duration = float(frame_times[-1, 1])
         self.height, self.width = int(first[0]), int(first[1])
 
     def window_frames(self, start: float, end: float) -> np.ndarray:

@@ -25,6 +25,7 @@ import pyarrow.parquet as pq
 from . import config as config_lib
 from .provenance import run_record, stage_parser, write_json
 from .rejects import Rejects
+from .video import VideoFile
 
 Range = tuple[float, float]
 
@@ -61,15 +62,16 @@ def window_bounds(duration: float, length: float, stride: float, tail: str = "sh
     """
     if duration <= 0 or not math.isfinite(duration):
         raise ValueError(f"duration must be a positive number, got {duration}")
+    eps = 1e-6  # times are kept to the microsecond so float steps never overshoot the end
     bounds: list[Range] = []
-    start = 0.0
-    while start + length <= duration + 1e-9:
-        bounds.append((start, start + length))
-        start = round(start + stride, 9)
+    index = 0
+    while (start := round(index * stride, 6)) + length <= duration + eps:
+        bounds.append((start, min(round(start + length, 6), duration)))
+        index += 1
     covered = bounds[-1][1] if bounds else 0.0
-    if covered < duration - 1e-9 and tail != "drop":
+    if covered < duration - eps and tail != "drop":
         if tail == "shift" and duration >= length:
-            last = (duration - length, duration)
+            last = (max(0.0, round(duration - length, 6)), duration)
         else:
             last = (start if bounds else 0.0, duration)
         if not bounds or last != bounds[-1]:
@@ -134,16 +136,6 @@ def resolve_video(root: Path, relative: str) -> Path:
     return resolved
 
 
-def video_duration(path: Path) -> float:
-    """Duration from the container: the end time of the last frame."""
-    import decord
-
-    reader = decord.VideoReader(str(path), num_threads=1)
-    if len(reader) < 2:
-        raise ValueError(f"{path} has {len(reader)} frame(s); a video needs at least 2")
-    return float(reader.get_frame_timestamp(len(reader) - 1)[1])
-
-
 def parse_annotation(line: str) -> dict:
     """One JSONL line, checked: ``video`` (str), optional ``query`` (str), ``keep`` ([[s, e], ...])."""
     try:
@@ -190,7 +182,7 @@ def build_windows(annotations: Path, root: Path, cfg: dict, rejects: Rejects) ->
             path = resolve_video(root, ann["video"])
             if not path.exists():
                 raise FileNotFoundError(f"video {path} does not exist")
-            duration = video_duration(path)
+            duration = VideoFile(path).duration
             late = [r for r in ann["keep"] if r[1] > duration + 1e-3]
             if late:
                 raise ValueError(f"keep ranges {late} end after the video's duration {duration:.3f} s")

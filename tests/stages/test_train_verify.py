@@ -10,13 +10,14 @@ import torch
 from safetensors.torch import load_file
 
 from conftest import run_torchrun, stage_json
+from videosft.preprocess import read_samples
 
 
 @pytest.fixture(scope="module")
 def trained(prepared, demo_config, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("train")
     result = run_torchrun(["-m", "videosft.train", "--config", stage_json("train", demo_config),
-                           "--samples", str(prepared / "preprocess" / "train.parquet"),
+                           "--samples", str(prepared / "preprocess" / "manifest.json"),
                            "--probe", str(prepared / "probe" / "probe.json"), "--out", str(out)])
     # A rank may rarely abort at interpreter exit after all work is done: judge by artifacts.
     assert (out / "run_record.json").exists(), result.stdout[-3000:] + result.stderr[-3000:]
@@ -49,9 +50,8 @@ def test_two_rank_zero3_training_writes_a_full_shape_adapter(trained, demo_confi
 
 
 def test_each_rank_reads_its_own_samples_and_the_ledger_covers_the_split(trained, prepared):
-    import pyarrow.parquet as pq
-
-    train_ids = set(pq.read_table(prepared / "preprocess" / "train.parquet", columns=["window_id"]).column(0).to_pylist())
+    train_ids = {row["window_id"] for row in read_samples(prepared / "preprocess" / "manifest.json", "train",
+                                                             columns=["window_id"])}
     per_rank = []
     for rank in (0, 1):
         rows = [json.loads(line) for line in (trained / f"ledger.rank{rank}.jsonl").read_text().splitlines()]
@@ -66,9 +66,11 @@ def test_each_rank_reads_its_own_samples_and_the_ledger_covers_the_split(trained
 def test_a_rank_without_a_batch_fails_at_once_naming_it(prepared, demo_config, tmp_path):
     import pyarrow.parquet as pq
 
-    one = tmp_path / "one.parquet"
-    table = pq.read_table(prepared / "preprocess" / "train.parquet")
-    pq.write_table(table.slice(0, 1), one)
+    manifest = json.loads((prepared / "preprocess" / "manifest.json").read_text())
+    first = prepared / "preprocess" / manifest["files"]["train"][0]
+    pq.write_table(pq.read_table(first).slice(0, 1), tmp_path / "train-00000.parquet")
+    one = tmp_path / "manifest.json"
+    one.write_text(json.dumps({**manifest, "files": {"train": ["train-00000.parquet"]}}))
     overrides = {**demo_config, "train": {**demo_config["train"], "tail": "drop", "timeout_s": 20}}
     result = run_torchrun(["-m", "videosft.train", "--config", stage_json("train", overrides), "--samples", str(one),
                            "--probe", str(prepared / "probe" / "probe.json"), "--out", str(tmp_path / "out")],
@@ -83,7 +85,7 @@ def test_verify_reloads_the_adapter_tensor_for_tensor(trained, prepared, demo_co
 
     out = tmp_path / "verify"
     assert verify.main(["--config", stage_json("verify", demo_config), "--adapter", str(trained / "adapter"),
-                        "--samples", str(prepared / "preprocess" / "val.parquet"), "--out", str(out)]) == 0
+                        "--samples", str(prepared / "preprocess" / "manifest.json"), "--out", str(out)]) == 0
     result = json.loads((out / "verify.json").read_text())
     assert result["ok"] and result["tensors"]["matched"] == result["tensors"]["tensors"] == 4
     assert result["forward"]["max_abs_difference"] <= result["forward"]["atol"]
@@ -104,12 +106,11 @@ def test_verify_fails_on_a_tampered_adapter(trained, prepared, demo_config, tmp_
     save_file(tensors, adapter / "adapter_model.safetensors")
     with pytest.raises(Exception, match="size mismatch|shape"):
         verify.main(["--config", stage_json("verify", demo_config), "--adapter", str(adapter),
-                     "--samples", str(prepared / "preprocess" / "val.parquet"), "--out", str(tmp_path / "v")])
+                     "--samples", str(prepared / "preprocess" / "manifest.json"), "--out", str(tmp_path / "v")])
     assert not (tmp_path / "v" / "verify.json").exists()
 
 
 def test_loss_on_supervised_positions_equals_the_full_logits_loss(prepared, demo_config):
-    import pyarrow.parquet as pq
     from transformers import AutoConfig
 
     from videosft.keymap import model_class
@@ -117,7 +118,7 @@ def test_loss_on_supervised_positions_equals_the_full_logits_loss(prepared, demo
 
     model_dir = Path(demo_config["model"]["path"])
     model = model_class(AutoConfig.from_pretrained(model_dir)).from_pretrained(model_dir, dtype=torch.float32)
-    rows = pq.read_table(prepared / "preprocess" / "train.parquet").to_pylist()[:2]
+    rows = read_samples(prepared / "preprocess" / "manifest.json", "train")[:2]
     batch = collate(rows, pad_id=0)
     with torch.no_grad():
         ours = supervised_loss(model, batch)

@@ -84,7 +84,12 @@ def test_every_stage_writes_its_outputs_and_a_run_record(full_run):
         assert record["module_file"] == str(full_run / "src" / "videosft" / f"{stage}.py")
         assert record["config_sha256"] and record["started"] <= record["ended"]
     assert (full_run / "results/window/windows.parquet").exists()
-    assert (full_run / "results/preprocess/train.parquet").exists()
+    manifest = json.loads((full_run / "results/preprocess/manifest.json").read_text())
+    assert manifest["samples"] == {"train": 8, "val": 4}
+    assert all((full_run / "results/preprocess" / name).exists() for names in manifest["files"].values() for name in names)
+    for shard in (0, 1):
+        record = json.loads((full_run / f"results/preprocess/shards/{shard}/run_record.json").read_text())
+        assert record["status"] == "ok" and record["results"]["shard"] == shard
     probe = json.loads((full_run / "results/probe/probe.json").read_text())
     assert probe["ok"] and probe["mapped"] == probe["checkpoint_tensors"]
     verify = json.loads((full_run / "results/verify/verify.json").read_text())

@@ -7,6 +7,10 @@ from snakemake.utils import validate
 
 validate(config, "../schemas/config.schema.yaml")
 
+
+wildcard_constraints:
+    shard=r"\d+",
+
 SRC = Path(workflow.basedir) / "src"
 sys.path.insert(0, str(SRC))
 from videosft.config import stage_config

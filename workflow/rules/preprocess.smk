@@ -1,13 +1,36 @@
-rule preprocess:
-    """Decode each window under the token budget; chat, labels and pixels to Parquet."""
+SHARDS = range(config["preprocess"]["shards"])
+
+
+rule preprocess_shard:
+    """Decode one shard of the windows under the token budget; chat, labels and pixels to Parquet."""
     input:
         windows=rules.window.output.windows,
         videos=config["data"]["root"],
         model=config["model"]["path"],
         code=sources("preprocess"),
     output:
-        train="results/preprocess/train.parquet",
-        val="results/preprocess/val.parquet",
+        shard=directory("results/preprocess/shards/{shard}"),
+    params:
+        cfg=stage_json("preprocess"),
+        shards=len(SHARDS),
+    conda:
+        ENV
+    log:
+        "logs/preprocess/shard-{shard}.log",
+    benchmark:
+        "benchmarks/preprocess/shard-{shard}.tsv"
+    shell:
+        "python -m videosft.preprocess --config {params.cfg:q} --code {input.code} --windows {input.windows} "
+        "--shard {wildcards.shard} --shards {params.shards} --out {output.shard} > {log} 2>&1"
+
+
+rule preprocess:
+    """Join the shards into one manifest; count and check the rejects of all of them."""
+    input:
+        shards=expand("results/preprocess/shards/{shard}", shard=SHARDS),
+        code=sources("preprocess"),
+    output:
+        manifest="results/preprocess/manifest.json",
         rejects="results/preprocess/rejects.jsonl",
         record="results/preprocess/run_record.json",
     params:
@@ -17,8 +40,6 @@ rule preprocess:
         ENV
     log:
         "logs/preprocess/preprocess.log",
-    benchmark:
-        "benchmarks/preprocess/preprocess.tsv"
     shell:
-        "python -m videosft.preprocess --config {params.cfg:q} --code {input.code} --windows {input.windows} "
+        "python -m videosft.preprocess --config {params.cfg:q} --code {input.code} --gather {input.shards} "
         "--out {params.out} > {log} 2>&1"

@@ -1,7 +1,7 @@
 rule train:
     """LoRA under DeepSpeed ZeRO-3, one process per device (resource nproc, 2 by default)."""
     input:
-        samples=rules.preprocess.output.train,
+        samples=rules.preprocess.output.manifest,
         probe=rules.probe.output.probe,
         model=config["model"]["path"],
         deepspeed=config["train"]["deepspeed_config"],

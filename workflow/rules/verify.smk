@@ -2,7 +2,7 @@ rule verify:
     """Reload base + adapter in a new process; compare every tensor; merged vs unmerged forwards."""
     input:
         adapter=rules.train.output.adapter,
-        samples=rules.preprocess.output.val,
+        samples=rules.preprocess.output.manifest,
         model=config["model"]["path"],
         code=sources("verify"),
     output:

@@ -1,0 +1,128 @@
+"""The preprocess stage: what the model really receives, checked per sample."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from transformers import AutoTokenizer
+
+from conftest import stage_json
+from videosft import preprocess
+from videosft.chat import parse_answer, prompt_timestamps
+from videosft.preprocess import read_samples
+from videosft.rejects import TooManyRejects
+
+
+@pytest.fixture(scope="module")
+def samples(prepared):
+    manifest = prepared / "preprocess" / "manifest.json"
+    return read_samples(manifest, "train") + read_samples(manifest, "val")
+
+
+def test_every_sample_is_what_the_budget_planned(samples, prepared):
+    meta = preprocess.read_metadata(preprocess.sample_files(prepared / "preprocess" / "manifest.json", "train")[0])
+    patch, merge, temporal = (meta["geometry"][k] for k in ("patch_size", "merge_size", "temporal_patch_size"))
+    assert len(samples) == 12
+    for row in samples:
+        t, h, w = row["video_grid_thw"]
+        assert t * temporal == len(row["frame_indices"]) == len(row["frame_times"])
+        assert len(row["frame_indices"]) % 2 == 0 and 4 <= len(row["frame_indices"]) <= 16
+        assert [h * patch, w * patch] == row["frame_size"]
+        tokens_per_pair = h * w // merge**2
+        assert meta["budget"]["min_tokens"] <= tokens_per_pair <= meta["budget"]["max_tokens"]
+        assert row["visual_tokens"] == t * h * w // merge**2
+        assert row["pixel_shape"] == [t * h * w, 3 * temporal * patch * patch]
+        assert len(row["pixel_values"]) == 2 * row["pixel_shape"][0] * row["pixel_shape"][1]
+        assert row["input_tokens"] == len(row["input_ids"]) == row["visual_tokens"] + row["text_tokens"]
+
+
+def test_labels_supervise_exactly_the_answer_and_its_end_token(samples, demo_dir):
+    tokenizer = AutoTokenizer.from_pretrained(demo_dir / "model")
+    for row in samples:
+        supervised = [t for t, label in zip(row["input_ids"], row["labels"]) if label != -100]
+        assert supervised == [label for label in row["labels"] if label != -100]
+        assert row["supervised_tokens"] == len(supervised) > 0
+        assert tokenizer.decode(supervised) == row["answer"] + "<|im_end|>"
+        first = row["labels"].index(next(label for label in row["labels"] if label != -100))
+        assert all(label == -100 for label in row["labels"][:first])  # prompt and video masked
+        assert parse_answer(row["answer"]) == [tuple(r) for r in row["keep_local"]] or \
+            (row["answer"] == "none" and row["keep_local"] == [])
+
+
+def test_answer_and_frame_times_share_the_window_clock(samples, demo_dir):
+    tokenizer = AutoTokenizer.from_pretrained(demo_dir / "model")
+    for row in samples:
+        length = row["window_end"] - row["window_start"]
+        assert all(0 <= t < length for t in row["frame_times"])
+        assert row["frame_times"][0] < 0.5  # the clip starts at 0, not at the window's source time
+        markers = prompt_timestamps(tokenizer.decode(row["input_ids"]))
+        pairs = np.asarray(row["frame_times"]).reshape(-1, 2).mean(axis=1)
+        assert markers == pytest.approx(pairs, abs=0.051)
+        for start, end in parse_answer(row["answer"]) or []:
+            assert 0 <= start < end <= length + 0.05
+
+
+def preprocess_all(overrides: dict, windows, out):
+    """One shard, then the gather step, as the workflow runs them."""
+    assert preprocess.main(["--config", stage_json("preprocess", overrides), "--windows", str(windows),
+                            "--out", str(out / "shards" / "0")]) == 0
+    return preprocess.main(["--config", stage_json("preprocess", overrides), "--gather", str(out / "shards" / "0"),
+                            "--out", str(out)])
+
+
+def test_environment_budget_overrides_config_and_is_recorded(demo_config, prepared, tmp_path, monkeypatch):
+    monkeypatch.setenv("VIDEO_MAX_TOKEN_NUM", "2")
+    monkeypatch.setenv("VIDEO_MIN_TOKEN_NUM", "1")
+    out = tmp_path / "pre"
+    assert preprocess_all(demo_config, prepared / "window" / "windows.parquet", out) == 0
+    record = json.loads((out / "run_record.json").read_text())
+    budget = record["results"]["budget"]
+    assert budget["max_tokens"] == 2 and budget["max_tokens_from"] == "environment VIDEO_MAX_TOKEN_NUM"
+    assert record["env"]["VIDEO_MAX_TOKEN_NUM"] == "2"
+    for row in read_samples(out / "manifest.json", "train"):
+        _, h, w = row["video_grid_thw"]
+        assert h * w // 4 <= 2  # the budget took effect on the grid, not only in the config
+    assert record["results"]["visual_tokens"]["max"] < 48
+
+
+def test_an_overlong_sample_gets_a_smaller_budget_never_a_cut_answer(demo_config, prepared, tmp_path):
+    windows = prepared / "window" / "windows.parquet"
+    fit = {**demo_config, "data": {**demo_config["data"], "max_length": 200}, "video": {"min_tokens": 1}}
+    assert preprocess_all(fit, windows, tmp_path / "fit") == 0
+    rows = read_samples(tmp_path / "fit" / "manifest.json", "train") + \
+        read_samples(tmp_path / "fit" / "manifest.json", "val")
+    assert len(rows) == 12
+    for row in rows:
+        assert row["input_tokens"] <= 200 and row["budget_max_tokens"] < 16
+        _, h, w = row["video_grid_thw"]
+        assert h * w // 4 <= row["budget_max_tokens"]
+        assert row["labels"][-2] != -100  # the answer's end token is still supervised
+
+    reject = {**fit, "data": {**fit["data"], "overlong": "reject", "max_reject_fraction": 1.0}}
+    with pytest.raises(ValueError, match="no train samples"):
+        preprocess_all(reject, windows, tmp_path / "reject")
+    rejects = [json.loads(line) for line in (tmp_path / "reject" / "rejects.jsonl").read_text().splitlines()]
+    assert len(rejects) == 12 and all("exceed data.max_length=200" in r["error"] for r in rejects)
+
+    strict = {**demo_config, "data": {**demo_config["data"], "max_length": 200}}  # min_tokens 4 cannot fit
+    with pytest.raises(TooManyRejects, match=r"\d+ of 12 windows rejected"):
+        preprocess_all(strict, windows, tmp_path / "strict")
+    assert "smallest per-frame budget" in (tmp_path / "strict" / "rejects.jsonl").read_text()
+
+
+def test_the_trainer_refuses_an_unknown_schema_version(prepared, tmp_path):
+    table = pq.read_table(preprocess.sample_files(prepared / "preprocess" / "manifest.json", "train")[0])
+    meta = json.loads(table.schema.metadata[b"videosft"])
+    meta["schema_version"] = 999
+    path = tmp_path / "future.parquet"
+    pq.write_table(table.replace_schema_metadata({"videosft": json.dumps(meta)}), path)
+    with pytest.raises(ValueError, match="schema version 999"):
+        preprocess.read_metadata(path)
+    plain = tmp_path / "plain.parquet"
+    pq.write_table(pa.table({"x": [1]}), plain)
+    with pytest.raises(ValueError, match="not written by the preprocess stage"):
+        preprocess.read_metadata(plain)

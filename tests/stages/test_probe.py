@@ -1,0 +1,151 @@
+"""The probe on real checkpoints saved by transformers, and on broken ones."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import struct
+from pathlib import Path
+
+import pytest
+
+from conftest import stage_json
+from videosft import probe
+from videosft.keymap import CheckpointError, build_meta_model, map_checkpoint, read_checkpoint
+
+
+def run_probe(model_dir: Path, out: Path, lora: dict | None = None) -> dict:
+    overrides = {"model": {"path": str(model_dir)}, "lora": lora or {}}
+    assert probe.main(["--config", stage_json("probe", overrides), "--out", str(out)]) == 0
+    return json.loads((out / "probe.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def qwen25_dir(demo_dir, tmp_path_factory) -> Path:
+    """A tiny Qwen2.5-VL checkpoint as transformers saves it: legacy model.layers.* / visual.* keys."""
+    from transformers import AutoTokenizer, Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration, Qwen2_5_VLProcessor
+    from transformers.models.qwen2_vl.image_processing_qwen2_vl import Qwen2VLImageProcessor
+    from transformers.models.qwen2_vl.video_processing_qwen2_vl import Qwen2VLVideoProcessor
+
+    out = tmp_path_factory.mktemp("qwen25")
+    tokenizer = AutoTokenizer.from_pretrained(demo_dir / "model")
+    ids = tokenizer.convert_tokens_to_ids
+    config = Qwen2_5_VLConfig(
+        text_config=dict(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2,
+                         rope_scaling={"type": "mrope", "mrope_section": [2, 3, 3]}),
+        vision_config=dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64,
+                           patch_size=14, fullatt_block_indexes=[1]),
+        image_token_id=ids("<|image_pad|>"), video_token_id=ids("<|video_pad|>"),
+        vision_start_token_id=ids("<|vision_start|>"), vision_end_token_id=ids("<|vision_end|>"))
+    Qwen2_5_VLForConditionalGeneration(config).save_pretrained(out, max_shard_size="200KB")
+    geometry = dict(patch_size=14, temporal_patch_size=2, merge_size=2)
+    Qwen2_5_VLProcessor(image_processor=Qwen2VLImageProcessor(**geometry), tokenizer=tokenizer,
+                        video_processor=Qwen2VLVideoProcessor(**geometry)).save_pretrained(out)
+    return out
+
+
+def test_demo_qwen35_checkpoint_maps_completely(demo_dir, tmp_path):
+    result = run_probe(demo_dir / "model", tmp_path)
+    assert result["ok"] and result["model_type"] == "qwen3_5"
+    assert result["mapped"] == result["checkpoint_tensors"] == result["model_tensors"]
+    assert result["missing"] == result["unexpected"] == result["shape_mismatch"] == []
+    # tied lm_head: one tensor in the checkpoint serves embed_tokens and lm_head
+    assert "lm_head.weight" not in result["key_map"]
+    # q_proj / v_proj exist only in the full-attention layers of Qwen3.5
+    assert set(result["lora"]["modules_per_layer_type"]) == {"full_attention"}
+    assert result["lora"]["missed_layer_types"] == ["linear_attention"]
+    record = json.loads((tmp_path / "run_record.json").read_text())
+    assert record["status"] == "ok" and "key_map" not in record["results"]
+
+
+def test_legacy_qwen25_layout_is_renamed_onto_the_model(qwen25_dir, tmp_path):
+    result = run_probe(qwen25_dir, tmp_path)
+    assert result["ok"] and result["model_type"] == "qwen2_5_vl"
+    assert result["renamed"] > 0
+    assert result["key_map"]["model.layers.0.self_attn.q_proj.weight"]["parameter"] == \
+        "model.language_model.layers.0.self_attn.q_proj.weight"
+    assert result["key_map"]["visual.patch_embed.proj.weight"]["parameter"] == "model.visual.patch_embed.proj.weight"
+    assert result["key_map"]["lm_head.weight"]["parameter"] == "lm_head.weight"  # untied here
+    assert result["lora"]["modules"] == 4  # q_proj and v_proj in both layers
+
+
+def copy_checkpoint(source: Path, target: Path) -> Path:
+    shutil.copytree(source, target)
+    return target
+
+
+def test_missing_shard_is_named(demo_dir, tmp_path):
+    model = copy_checkpoint(demo_dir / "model", tmp_path / "m")
+    shard = sorted(model.glob("model-*.safetensors"))[1]
+    shard.unlink()
+    with pytest.raises(CheckpointError, match=f"missing: \\['{shard.name}'\\]"):
+        read_checkpoint(model)
+
+
+def test_truncated_shard_is_named(demo_dir, tmp_path):
+    model = copy_checkpoint(demo_dir / "model", tmp_path / "m")
+    shard = sorted(model.glob("model-*.safetensors"))[0]
+    data = shard.read_bytes()
+    shard.write_bytes(data[: len(data) - 100])
+    with pytest.raises(CheckpointError, match=f"{shard.name}.*truncated"):
+        read_checkpoint(model)
+    shard.write_bytes(data[:20])  # even the header is cut
+    with pytest.raises(CheckpointError, match="runs past the file end"):
+        read_checkpoint(model)
+
+
+def test_key_in_two_shards_is_named(demo_dir, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    model = copy_checkpoint(demo_dir / "model", tmp_path / "m")
+    first, second = sorted(model.glob("model-*.safetensors"))[:2]
+    tensors = load_file(second)
+    key = sorted(load_file(first))[0]
+    tensors[key] = load_file(first)[key]
+    save_file(tensors, second, metadata={"format": "pt"})
+    with pytest.raises(CheckpointError, match=f"key {key} is in two shards"):
+        read_checkpoint(model)
+
+
+def test_missing_unexpected_and_misshapen_keys_are_listed(demo_dir, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    model_dir = copy_checkpoint(demo_dir / "model", tmp_path / "m")
+    index_path = model_dir / "model.safetensors.index.json"
+    index = json.loads(index_path.read_text())
+    shard = model_dir / index["weight_map"]["model.language_model.norm.weight"]
+    tensors = load_file(shard)
+    del tensors["model.language_model.norm.weight"]
+    tensors["model.language_model.extra_head.weight"] = tensors[next(iter(tensors))].clone()
+    victim = next(k for k in tensors if k.endswith("input_layernorm.weight"))
+    tensors[victim] = tensors[victim][:-1].clone()
+    save_file(tensors, shard, metadata={"format": "pt"})
+    del index["weight_map"]["model.language_model.norm.weight"]
+    index["weight_map"]["model.language_model.extra_head.weight"] = shard.name
+    index_path.write_text(json.dumps(index))
+
+    report = map_checkpoint(build_meta_model(model_dir), read_checkpoint(model_dir))
+    assert report.missing == ["model.language_model.norm.weight"]
+    assert report.unexpected == ["model.language_model.extra_head.weight"]
+    assert [m["key"] for m in report.shape_mismatch] == [victim]
+    text = report.problems()
+    assert "1 parameters missing from the checkpoint" in text and "model.language_model.norm" in text
+    with pytest.raises(CheckpointError, match="does not fit the model"):
+        run_probe(model_dir, tmp_path / "out")
+    record = json.loads((tmp_path / "out" / "run_record.json").read_text())
+    assert record["status"] == "failed" and "norm.weight" in record["error"]
+
+
+def test_header_reading_never_touches_tensor_data(tmp_path):
+    """A header describing 4 GiB of data in a sparse file: read without reading the data."""
+    from videosft.keymap import read_header
+
+    header = json.dumps({"w": {"dtype": "BF16", "shape": [32768, 65536], "data_offsets": [0, 2 * 32768 * 65536]}})
+    header = header.encode() + b" " * (-len(header) % 8)
+    path = tmp_path / "big.safetensors"
+    with open(path, "wb") as handle:
+        handle.write(struct.pack("<Q", len(header)) + header)
+        handle.truncate(8 + len(header) + 2 * 32768 * 65536)
+    assert path.stat().st_blocks * 512 < 1 << 20  # sparse: almost nothing on disk
+    assert read_header(path)["w"]["shape"] == [32768, 65536]
