@@ -108,8 +108,9 @@ def frame_size(height: int, width: int, factor: int, min_pixels: int, max_pixels
     w_bar = max(factor, round_by(width, factor))
     if h_bar * w_bar > max_pixels:
         beta = math.sqrt((height * width) / max_pixels)
-        h_bar = floor_by(height / beta, factor)
-        w_bar = floor_by(width / beta, factor)
+        # qwen-vl-utils can floor a thin frame's short side to 0; one patch is the least there is
+        h_bar = max(factor, floor_by(height / beta, factor))
+        w_bar = max(factor, floor_by(width / beta, factor))
     elif h_bar * w_bar < min_pixels:
         beta = math.sqrt(min_pixels / (height * width))
         h_bar = ceil_by(height * beta, factor)

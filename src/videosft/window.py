@@ -136,35 +136,96 @@ def resolve_video(root: Path, relative: str) -> Path:
     return resolved
 
 
-def parse_annotation(line: str) -> dict:
-    """One JSONL line, checked: ``video`` (str), optional ``query`` (str), ``keep`` ([[s, e], ...])."""
-    try:
-        row = json.loads(line)
-    except json.JSONDecodeError as error:
-        raise ValueError(f"not valid JSON ({error.msg} at column {error.colno})") from None
-    if not isinstance(row, dict) or not isinstance(row.get("video"), str):
-        raise ValueError('needs an object with a string "video"')
-    keep = row.get("keep", [])
-    if not isinstance(keep, list):
-        raise ValueError('"keep" must be a list of [start, end] pairs')
-    for pair in keep:
-        if not (isinstance(pair, list) and len(pair) == 2 and all(isinstance(v, (int, float)) for v in pair)):
+def _checked_ranges(ranges, field: str) -> list[Range]:
+    if not isinstance(ranges, list):
+        raise ValueError(f'"{field}" must be a list of [start, end] pairs')
+    checked = []
+    for pair in ranges:
+        if not (isinstance(pair, list) and len(pair) == 2
+                and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in pair)):
             raise ValueError(f"keep range {pair!r} is not a [start, end] pair of numbers")
-        start, end = pair
+        try:
+            start, end = float(pair[0]), float(pair[1])
+        except OverflowError:
+            raise ValueError(f"keep range {pair!r} has a time too large to be seconds") from None
         if not (math.isfinite(start) and math.isfinite(end)):
             raise ValueError(f"keep range {pair!r} has a non-finite time")
         if start < 0:
             raise ValueError(f"keep range {pair!r} starts before 0")
         if start >= end:
             raise ValueError(f"keep range {pair!r} has start >= end")
+        checked.append((start, end))
+    return checked
+
+
+def parse_annotation(line: str, data_cfg: dict) -> dict:
+    """One JSONL line as ``{video, query, id, keep, duration}``, checked.
+
+    Formats: ``videosft`` (``video``, optional ``query``, ``id``, ``duration``, and ``keep``) and
+    ``qvhighlights`` (``vid``, ``query``, ``qid``, ``duration``, ``relevant_windows``; the video file
+    is ``vid`` + ``data.video_suffix``).
+    """
+    try:
+        row = json.loads(line)
+    except json.JSONDecodeError as error:
+        raise ValueError(f"not valid JSON ({error.msg} at column {error.colno})") from None
+    if data_cfg["format"] == "qvhighlights":
+        if not isinstance(row, dict) or not isinstance(row.get("vid"), str):
+            raise ValueError('needs an object with a string "vid"')
+        video, keep, key, id_key = row["vid"] + data_cfg["video_suffix"], row.get("relevant_windows"), "relevant_windows", "qid"
+    else:
+        if not isinstance(row, dict) or not isinstance(row.get("video"), str):
+            raise ValueError('needs an object with a string "video"')
+        video, keep, key, id_key = row["video"], row.get("keep", []), "keep", "id"
     query = row.get("query")
     if query is not None and not isinstance(query, str):
         raise ValueError('"query" must be a string')
-    return {"video": row["video"], "query": query, "keep": [(float(s), float(e)) for s, e in keep]}
+    duration = row.get("duration")
+    if duration is not None and not (isinstance(duration, (int, float)) and math.isfinite(duration) and duration > 0):
+        raise ValueError(f'"duration" {duration!r} must be a positive number of seconds')
+    return {"video": video, "query": query, "id": row.get(id_key), "duration": duration,
+            "keep": _checked_ranges(keep, key)}
+
+
+def window_id(ann: dict, index: int) -> str:
+    """``video#index``, plus the query's id (or a short hash of its text) when there is a query."""
+    base = f"{ann['video']}#{index:04d}"
+    if ann["id"] is not None:
+        return f"{base}/{ann['id']}"
+    if ann["query"]:
+        return f"{base}/{hashlib.sha256(ann['query'].encode()).hexdigest()[:8]}"
+    return base
+
+
+def annotation_duration(ann: dict, root: Path, data_cfg: dict) -> float:
+    """Seconds of the video: from the container, or from the annotation (videos not opened)."""
+    if data_cfg["duration"] == "annotation":
+        if ann["duration"] is None:
+            raise ValueError('data.duration is "annotation" but the line has no "duration"')
+        return float(ann["duration"])
+    path = resolve_video(root, ann["video"])
+    if not path.exists():
+        raise FileNotFoundError(f"video {path} does not exist")
+    return VideoFile(path).duration
+
+
+def limit_empty_windows(rows: list[dict], max_fraction: float, seed: int) -> list[dict]:
+    """Drop windows with nothing to keep beyond ``max_fraction`` of each split, chosen by seeded hash."""
+    if max_fraction >= 1:
+        return rows
+    kept = []
+    for split in ("train", "val"):
+        in_split = [row for row in rows if row["split"] == split]
+        empty = sorted((r for r in in_split if not r["keep_local"]),
+                       key=lambda r: _video_hash(r["window_id"], seed))
+        allowed = math.floor(max_fraction / (1 - max_fraction) * (len(in_split) - len(empty)) + 1e-9)
+        dropped = {id(r) for r in empty[allowed:]}
+        kept += [row for row in in_split if id(row) not in dropped]
+    return sorted(kept, key=lambda row: (row["video"], row["window_index"], row["window_id"]))
 
 
 def build_windows(annotations: Path, root: Path, cfg: dict, rejects: Rejects) -> tuple[list[dict], Counter]:
-    wcfg = cfg["window"]
+    wcfg, data_cfg = cfg["window"], cfg["data"]
     counts: Counter = Counter()
     rows = []
     seen: set[tuple[str, str | None]] = set()
@@ -174,15 +235,13 @@ def build_windows(annotations: Path, root: Path, cfg: dict, rejects: Rejects) ->
         where = f"{annotations}:{line_number}"
         ann = None
         try:
-            ann = parse_annotation(line)
+            ann = parse_annotation(line, data_cfg)
             key = (ann["video"], ann["query"])
             if key in seen:
                 raise ValueError(f"duplicate entry for video {ann['video']!r} and query {ann['query']!r}")
             seen.add(key)
-            path = resolve_video(root, ann["video"])
-            if not path.exists():
-                raise FileNotFoundError(f"video {path} does not exist")
-            duration = VideoFile(path).duration
+            resolve_video(root, ann["video"])
+            duration = annotation_duration(ann, root, data_cfg)
             late = [r for r in ann["keep"] if r[1] > duration + 1e-3]
             if late:
                 raise ValueError(f"keep ranges {late} end after the video's duration {duration:.3f} s")
@@ -190,19 +249,17 @@ def build_windows(annotations: Path, root: Path, cfg: dict, rejects: Rejects) ->
             rejects.add(where, error, video=ann and ann["video"])
             continue
         keep, merges = merge_ranges(ann["keep"])
+        counts["annotations"] += 1
         counts["keep_ranges"] += len(ann["keep"])
         counts["keep_merged"] += merges
-        counts["videos"] += 1
         bounds = window_bounds(duration, wcfg["length"], wcfg["stride"], wcfg["tail"])
         for index, (start, end) in enumerate(bounds):
             aligned = realign(keep, start, end, wcfg["min_fragment"])
             counts["fragments_clipped"] += aligned.clipped
             counts["fragments_dropped"] += len(aligned.dropped)
-            counts["windows"] += 1
-            counts["windows_empty"] += not aligned.local
             rows.append(
                 {
-                    "window_id": f"{ann['video']}#{index:04d}" + (f"?{ann['query']}" if ann["query"] else ""),
+                    "window_id": window_id(ann, index),
                     "video": ann["video"],
                     "query": ann["query"],
                     "video_duration": duration,
@@ -216,7 +273,15 @@ def build_windows(annotations: Path, root: Path, cfg: dict, rejects: Rejects) ->
     splits = assign_splits([row["video"] for row in rows], wcfg["val_fraction"], wcfg["seed"])
     for row in rows:
         row["split"] = splits[row["video"]]
+    counts["windows_made"] = len(rows)
+    counts["windows_empty_made"] = sum(not row["keep_local"] for row in rows)
+    rows = limit_empty_windows(rows, wcfg["max_empty_fraction"], wcfg["seed"])
+    counts["windows"] = len(rows)
+    counts["windows_empty"] = sum(not row["keep_local"] for row in rows)
+    counts["windows_empty_dropped"] = counts["windows_empty_made"] - counts["windows_empty"]
+    for row in rows:
         counts[f"windows_{row['split']}"] += 1
+    counts["videos"] = len(splits)
     counts["videos_val"] = sum(split == "val" for split in splits.values())
     counts["videos_train"] = sum(split == "train" for split in splits.values())
     return rows, counts
@@ -240,11 +305,14 @@ def main(argv: list[str] | None = None) -> int:
         write_windows(rows, args.out / "windows.parquet")
         record["results"] = {"counts": dict(counts), "rejects": rejects.summary()}
         write_json(args.out / "summary.json", record["results"])
-        print(f"window: {counts['windows']} windows from {counts['videos']} videos "
-              f"({counts['windows_train']} train, {counts['windows_val']} val); "
-              f"{counts['fragments_clipped']} ranges clipped, {counts['fragments_dropped']} fragments dropped, "
-              f"{len(rejects)} rejected")
-        rejects.check(cfg["data"]["max_reject_fraction"], total=counts["videos"] + len(rejects), what="annotations")
+        print(f"window: {counts['windows']} windows from {counts['annotations']} annotations of {counts['videos']} "
+              f"videos ({counts['windows_train']} train, {counts['windows_val']} val, {counts['windows_empty']} with "
+              f"nothing to keep, {counts['windows_empty_dropped']} more of those dropped); {counts['keep_merged']} "
+              f"keep ranges merged, {counts['fragments_clipped']} clipped at window edges, "
+              f"{counts['fragments_dropped']} fragments shorter than window.min_fragment dropped; "
+              f"{len(rejects)} lines rejected")
+        rejects.check(cfg["data"]["max_reject_fraction"], total=counts["annotations"] + len(rejects),
+                      what="annotation lines")
     return 0
 
 

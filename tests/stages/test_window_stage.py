@@ -94,3 +94,63 @@ def test_bad_lines_are_rejected_one_by_one_and_the_rest_processed(demo_dir, tmp_
     with pytest.raises(TooManyRejects, match="rejected"):
         window.main(["--config", stage_json("window", strict), "--out", str(tmp_path / "strict")])
     assert len((tmp_path / "strict" / "rejects.jsonl").read_text().splitlines()) == len(rejects)
+
+
+QVHIGHLIGHTS = Path(__file__).resolve().parents[3] / "shared" / "data" / "qvhighlights" / "highlight_val_release.jsonl"
+
+
+@pytest.mark.skipif(not QVHIGHLIGHTS.exists(), reason="shared QVHighlights annotations not present")
+def test_all_of_qvhighlights_val_keeps_the_invariants(tmp_path):
+    import random
+
+    lines = QVHIGHLIGHTS.read_text().splitlines()
+    overrides = {"data": {"annotations": str(QVHIGHLIGHTS), "root": str(tmp_path), "format": "qvhighlights",
+                          "duration": "annotation"},
+                 "window": {"length": 30.0, "stride": 20.0, "min_fragment": 1.0, "max_empty_fraction": 1.0}}
+    assert window.main(["--config", stage_json("window", overrides), "--out", str(tmp_path / "a")]) == 0
+    rows = pq.read_table(tmp_path / "a" / "windows.parquet").to_pylist()
+    truth = {(json.loads(l)["vid"] + ".mp4", json.loads(l)["query"]): json.loads(l) for l in lines}
+    assert len({(r["video"], r["query"]) for r in rows}) == len(lines) == len(truth)
+
+    split_of: dict[str, str] = {}
+    for row in rows:
+        assert split_of.setdefault(row["video"], row["split"]) == row["split"], "video in both splits"
+        gt = truth[(row["video"], row["query"])]
+        start, end = row["window_start"], row["window_end"]
+        assert 0 <= start < end <= gt["duration"] and end - start == pytest.approx(30.0)
+        expected = []
+        for s, e in sorted(gt["relevant_windows"]):
+            clipped = (max(s, start), min(e, end))
+            if clipped[1] - clipped[0] >= 1.0:
+                if expected and clipped[0] <= expected[-1][1]:
+                    expected[-1] = (expected[-1][0], max(expected[-1][1], clipped[1]))
+                else:
+                    expected.append(clipped)
+        assert [tuple(r) for r in row["keep_source"]] == pytest.approx(expected)
+        for (ls, le), (ss, se) in zip(row["keep_local"], row["keep_source"]):
+            assert 0 <= ls < le <= end - start
+            assert ls + start == pytest.approx(ss, abs=1e-9) and le + start == pytest.approx(se, abs=1e-9)
+    # every relevant window is covered by some window's local ranges (nothing lost uncounted)
+    counts = json.loads((tmp_path / "a" / "run_record.json").read_text())["results"]["counts"]
+    assert counts["windows"] == len(rows) and counts["annotations"] == len(lines)
+    assert counts["videos_val"] > 0 and counts["videos_train"] > counts["videos_val"]
+
+    shuffled = tmp_path / "shuffled.jsonl"
+    random.Random(1).shuffle(lines)
+    shuffled.write_text("\n".join(lines) + "\n")
+    overrides["data"]["annotations"] = str(shuffled)
+    assert window.main(["--config", stage_json("window", overrides), "--out", str(tmp_path / "b")]) == 0
+    again = {r["window_id"]: r["split"] for r in pq.read_table(tmp_path / "b" / "windows.parquet").to_pylist()}
+    assert again == {r["window_id"]: r["split"] for r in rows}, "the split changed with the file order"
+
+
+def test_windows_with_nothing_to_keep_are_capped_per_split(demo_dir, tmp_path):
+    annotations = tmp_path / "a.jsonl"
+    lines = [json.dumps({"video": f"video_{i:03d}.mp4", "keep": [[1.0, 2.0]] if i < 2 else []}) for i in range(6)]
+    annotations.write_text("\n".join(lines) + "\n")
+    rows, record = run_window(annotations, demo_dir / "videos", tmp_path / "out", max_empty_fraction=0.5,
+                              val_fraction=0.0)
+    empty = [r for r in rows if not r["keep_local"]]
+    assert len(rows) - len(empty) == 2 and len(empty) == 2  # 10 empty windows made, capped at half
+    counts = record["results"]["counts"]
+    assert counts["windows_empty_made"] == 10 and counts["windows_empty_dropped"] == 8

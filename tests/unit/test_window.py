@@ -21,8 +21,14 @@ from videosft.window import (
     window_bounds,
 )
 
-PROPERTY = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-EPS = 1e-9  # the tolerance window_bounds itself uses
+PROPERTY = settings(
+    max_examples=200, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow]
+)
+EPS = 1e-6  # window_bounds keeps times to the microsecond; lengths may differ from `length` by that
+ROUNDTRIP = 1e-9  # float slack for local + start vs source in the property tests (exact check: below)
+
+DATA = {"format": "videosft", "video_suffix": ".mp4"}  # the data config parse_annotation reads
+
 
 # --------------------------------------------------------------------------------------------
 # strategies
@@ -56,11 +62,15 @@ def window_setups(draw):
 
 
 @st.composite
-def keep_ranges(draw, duration: float, edges: list[float]):
+def keep_ranges(draw, duration: float, edges: list[float], span: float):
     """Valid [start, end] ranges within [0, duration]; endpoints sometimes exactly on window edges."""
     points = st.one_of(
         st.floats(min_value=0.0, max_value=1.0).map(lambda f: f * duration),
         st.sampled_from(edges),
+        # near a window edge, either side
+        st.tuples(st.sampled_from(edges), st.floats(min_value=-1.0, max_value=1.0)).map(
+            lambda p: min(max(p[0] + p[1] * span, 0.0), duration)
+        ),
         st.integers(min_value=0, max_value=int(duration * 10)).map(lambda n: min(n / 10, duration)),
     )
     ranges = []
@@ -85,8 +95,9 @@ def _check_window(keep: list, start: float, end: float, min_fragment: float, res
         assert 0.0 <= ls <= le <= length, (ls, le, length)
         # source ranges live inside the window, in source time
         assert start <= ss < se <= end
-        # local + window start gives back the source range exactly
-        assert (ls + start, le + start) == (ss, se), ((ls, le), start, (ss, se))
+        # local + window start gives back the source range (exactness: test_realign_roundtrip_exact)
+        assert math.isclose(ls + start, ss, abs_tol=ROUNDTRIP) and math.isclose(le + start, se, abs_tol=ROUNDTRIP)
+        assert (ls, le) == (ss - start, se - start)
         # kept fragments are at least min_fragment long
         assert se - ss >= min_fragment
 
@@ -106,7 +117,7 @@ def _check_window(keep: list, start: float, end: float, min_fragment: float, res
             # fully inside: unchanged, and local + start is the original range
             i = result.source.index((s, e))
             ls, le = result.local[i]
-            assert (ls + start, le + start) == (s, e)
+            assert math.isclose(ls + start, s, abs_tol=ROUNDTRIP) and math.isclose(le + start, e, abs_tol=ROUNDTRIP)
     # ranges that cross an edge are counted as clipped, and only those
     crossing = sum(1 for s, e in overlapping if s < start or e > end)
     assert result.clipped == crossing
@@ -118,7 +129,7 @@ def test_realign_over_windows_property(data, setup, min_fragment):
     duration, length, stride, tail = setup
     bounds = window_bounds(duration, length, stride, tail)
     edges = sorted({t for w in bounds for t in w if 0 <= t <= duration} | {0.0, duration})
-    raw = data.draw(keep_ranges(duration, edges))
+    raw = data.draw(keep_ranges(duration, edges, min(length, duration)))
     keep, _ = merge_ranges(raw)
     for start, end in bounds:
         _check_window(keep, start, end, min_fragment, realign(keep, start, end, min_fragment))
@@ -142,7 +153,8 @@ def test_realign_range_inside_window_is_unchanged(setup, offset, span):
         assert result.source == [(s, e)]
         assert result.clipped == 0 and result.dropped == []
         (ls, le), = result.local
-        assert (ls + start, le + start) == (s, e)
+        assert (ls, le) == (s - start, e - start)
+        assert math.isclose(ls + start, s, abs_tol=ROUNDTRIP) and math.isclose(le + start, e, abs_tol=ROUNDTRIP)
 
 
 def test_realign_concrete_cases():
@@ -167,6 +179,24 @@ def test_realign_concrete_cases():
     # ranges only touching the window edge do not overlap it
     result = realign([(4.0, 8.0), (16.0, 18.0)], 8.0, 16.0, 0.0)
     assert result.local == result.source == result.dropped == [] and result.clipped == 0
+
+
+@pytest.mark.parametrize(
+    "keep, start, end",
+    [
+        ((0.9, 1.9), 0.2, 2.2),    # window_bounds(2.2, 2.0, 1.0) has the window (0.2, 2.2)
+        ((0.7, 1.7), 0.4, 1.9),    # window_bounds(1.9, 1.5, 0.7, "shift") has the window (0.4, 1.9)
+        ((1.007812, 5.039062), 1.007812, 9.070312),
+    ],
+)
+def test_realign_roundtrip_exact(keep, start, end):
+    """A range inside a window: the source range is kept as given, and local + window start gives
+    it back to within float rounding (one ulp; exact equality is not possible in binary floats,
+    e.g. (0.9 - 0.2) + 0.2 == 0.8999999999999999)."""
+    result = realign([keep], start, end, 0.0)
+    assert result.source == [keep]
+    (ls, le), = result.local
+    assert (ls + start, le + start) == pytest.approx(keep, abs=1e-12, rel=0)
 
 
 # --------------------------------------------------------------------------------------------
@@ -211,6 +241,8 @@ def test_window_bounds_properties(setup):
         assert all(math.isclose(e - s, length, rel_tol=1e-9, abs_tol=EPS) for s, e in bounds)
         # nothing more fits: the next window would run past the end
         assert bounds[-1][0] + stride + length > duration - EPS
+        # windows start every `stride` seconds
+        assert all(math.isclose(s, i * stride, abs_tol=EPS) for i, (s, _) in enumerate(bounds))
 
 
 def test_window_bounds_concrete():
@@ -223,6 +255,13 @@ def test_window_bounds_concrete():
     # overlapping windows
     assert window_bounds(10.0, 4.0, 2.0, "shift") == [(0.0, 4.0), (2.0, 6.0), (4.0, 8.0), (6.0, 10.0)]
     assert window_bounds(11.0, 4.0, 2.0, "short") == [(0.0, 4.0), (2.0, 6.0), (4.0, 8.0), (6.0, 10.0), (8.0, 11.0)]
+
+
+@pytest.mark.parametrize("tail", ["shift", "short", "drop"])
+def test_window_bounds_end_never_past_duration(tail):
+    """No window may end after the video (float stepping once gave 29.1 + 0.1 == 29.200000000000003)."""
+    bounds = window_bounds(29.2, 0.1, 0.1, tail)
+    assert max(end for _, end in bounds) <= 29.2
 
 
 @pytest.mark.parametrize("tail", ["shift", "short", "drop"])
@@ -376,12 +415,14 @@ def test_resolve_video_rejects_absolute(tmp_path: Path):
 
 
 def test_parse_annotation_valid():
-    row = parse_annotation('{"video": "a/b.mp4", "query": "the dog jumps", "keep": [[0, 1.5], [2.25, 4]]}')
-    assert row == {"video": "a/b.mp4", "query": "the dog jumps", "keep": [(0.0, 1.5), (2.25, 4.0)]}
+    row = parse_annotation('{"video": "a/b.mp4", "query": "the dog jumps", "keep": [[0, 1.5], [2.25, 4]]}', DATA)
+    assert row == {"video": "a/b.mp4", "query": "the dog jumps", "id": None, "duration": None,
+                   "keep": [(0.0, 1.5), (2.25, 4.0)]}
     assert all(isinstance(v, float) for pair in row["keep"] for v in pair)
     # query and keep are optional
-    assert parse_annotation('{"video": "x.mp4"}') == {"video": "x.mp4", "query": None, "keep": []}
-    assert parse_annotation('{"video": "x.mp4", "keep": []}')["keep"] == []
+    assert parse_annotation('{"video": "x.mp4"}', DATA) == {"video": "x.mp4", "query": None, "id": None,
+                                                           "duration": None, "keep": []}
+    assert parse_annotation('{"video": "x.mp4", "keep": []}', DATA)["keep"] == []
 
 
 @pytest.mark.parametrize(
@@ -414,28 +455,28 @@ def test_parse_annotation_valid():
 )
 def test_parse_annotation_rejects(line, message):
     with pytest.raises(ValueError, match=message):
-        parse_annotation(line)
+        parse_annotation(line, DATA)
 
 
 def test_parse_annotation_error_names_the_pair():
     with pytest.raises(ValueError) as info:
-        parse_annotation('{"video": "a.mp4", "keep": [[0, 1], [5, 3]]}')
+        parse_annotation('{"video": "a.mp4", "keep": [[0, 1], [5, 3]]}', DATA)
     assert "[5, 3]" in str(info.value)
     with pytest.raises(ValueError) as info:
-        parse_annotation('{"video": "a.mp4", "keep": [[0, 1]')
+        parse_annotation('{"video": "a.mp4", "keep": [[0, 1]', DATA)
     assert "column" in str(info.value)
 
 
 def test_parse_annotation_rejects_booleans_as_times():
     """JSON true/false are not numbers; bool is an int subclass in Python, so it must be excluded."""
     with pytest.raises(ValueError, match="not a \\[start, end\\] pair"):
-        parse_annotation('{"video": "a.mp4", "keep": [[false, true]]}')
+        parse_annotation('{"video": "a.mp4", "keep": [[false, true]]}', DATA)
 
 
 def test_parse_annotation_huge_integer_is_a_value_error():
     """A time too large for a float is bad input: ValueError, like the other bad times."""
     with pytest.raises(ValueError):
-        parse_annotation('{"video": "a.mp4", "keep": [[0, 1' + "0" * 400 + "]]}")
+        parse_annotation('{"video": "a.mp4", "keep": [[0, 1' + "0" * 400 + "]]}", DATA)
 
 
 @PROPERTY
@@ -447,6 +488,6 @@ def test_parse_annotation_huge_integer_is_a_value_error():
 )
 def test_parse_annotation_roundtrip(keep, video):
     keep = [pair for pair in keep if pair[0] < pair[1]]
-    row = parse_annotation(json.dumps({"video": video, "keep": keep}))
+    row = parse_annotation(json.dumps({"video": video, "keep": keep}), DATA)
     assert row["video"] == video and row["query"] is None
     assert row["keep"] == [tuple(pair) for pair in keep]
