@@ -53,7 +53,8 @@ def prepared(tmp_path_factory, demo_config) -> Path:
                                 "--out", str(shard)]) == 0
     assert preprocess.main(["--config", stage_json("preprocess", demo_config), "--gather", *map(str, shards),
                             "--out", str(results / "preprocess")]) == 0
-    assert probe.main(["--config", stage_json("probe", demo_config), "--out", str(results / "probe")]) == 0
+    assert probe.main(["--config", stage_json("probe", demo_config), "--samples",
+                       str(results / "preprocess" / "manifest.json"), "--out", str(results / "probe")]) == 0
     return results
 
 

@@ -23,7 +23,7 @@ STAGE_SECTIONS = {
     "demo": ["demo"],
     "window": ["data", "window"],
     "preprocess": ["data", "model", "video", "prompt", "preprocess"],
-    "probe": ["model", "lora"],
+    "probe": ["model", "lora", "train", "memory"],
     "train": ["model", "lora", "train"],
     "verify": ["model", "verify"],
 }

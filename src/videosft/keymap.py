@@ -3,14 +3,15 @@
 A checkpoint written by one transformers release (or layout: Qwen2.5-VL's ``model.layers.*`` and
 ``visual.*``, Qwen3-VL / Qwen3.5's ``model.language_model.*`` and ``model.visual.*``) is mapped onto
 the parameter names of the model this transformers builds, with transformers' own conversion
-rules, so both always agree on what a key means. The probe writes the map; the trainer's loader
-reads it, so the two can never disagree.
+rules, so both always agree on what a key means. The probe writes the map; the loader here
+(:func:`load_checkpoint`, used by the trainer) reads it, so the two can never disagree.
 """
 
 from __future__ import annotations
 
 import json
 import struct
+import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -199,3 +200,64 @@ def map_checkpoint(model, tensors: dict[str, TensorInfo], expected_dtype: str | 
     mapped = set(report.key_map.values())
     report.missing = [name for name in groups if name not in mapped]
     return report
+
+
+def logical_shape(parameter) -> list[int]:
+    """A ZeRO-3 parameter shows shape [0] on each rank; its real shape is ds_shape."""
+    return list(getattr(parameter, "ds_shape", parameter.shape))
+
+
+def load_checkpoint(model, model_dir: Path, key_map: dict, rank: int) -> dict:
+    """Copy each checkpoint tensor into the model's existing parameter, one gathered parameter at a time.
+
+    Every rank walks the key map in the same order (gathers are collective). Rank 0 writes into
+    the gathered ``nn.Parameter`` (``state_dict(keep_vars=True)`` gives the Parameters, not
+    copies); ZeRO re-partitions it on leaving the context. Then every entry is gathered again and
+    compared element-wise with the file, cast to the parameter's dtype.
+    """
+    import deepspeed
+    import torch
+    from safetensors import safe_open
+
+    state = model.state_dict(keep_vars=True)
+    by_shard: dict[str, list[tuple[str, str]]] = {}
+    for key, entry in sorted(key_map.items()):
+        by_shard.setdefault(entry["shard"], []).append((key, entry["parameter"]))
+    started = time.perf_counter()
+    for shard, entries in sorted(by_shard.items()):
+        with safe_open(model_dir / shard, framework="pt") as handle:
+            for key, name in entries:
+                target = state[name]
+                tensor = handle.get_tensor(key)
+                if list(tensor.shape) != logical_shape(target):
+                    raise ValueError(f"{key}: checkpoint shape {list(tensor.shape)} vs model {logical_shape(target)}")
+                if isinstance(target, torch.nn.Parameter) and hasattr(target, "ds_id"):
+                    with deepspeed.zero.GatheredParameters([target], modifier_rank=0):
+                        if rank == 0:
+                            with torch.no_grad():
+                                target.data.copy_(tensor.to(target.dtype))
+                else:
+                    with torch.no_grad():
+                        target.data.copy_(tensor.to(target.dtype))
+    load_seconds = time.perf_counter() - started
+
+    started = time.perf_counter()
+    matched, mismatched = 0, []
+    for shard, entries in sorted(by_shard.items()):
+        with safe_open(model_dir / shard, framework="pt") as handle:
+            for key, name in entries:
+                target = state[name]
+                source = handle.get_tensor(key)
+                gathered = [target] if hasattr(target, "ds_id") else []
+                with deepspeed.zero.GatheredParameters(gathered, modifier_rank=None):
+                    equal = torch.equal(target.data.detach().cpu(), source.to(target.dtype))
+                if equal:
+                    matched += 1
+                else:
+                    mismatched.append(key)
+    verify_seconds = time.perf_counter() - started
+    if mismatched:
+        raise ValueError(f"after loading, {len(mismatched)} of {len(key_map)} entries differ from the checkpoint: "
+                         f"{mismatched[:5]}")
+    return {"entries": len(key_map), "matched": matched, "load_seconds": load_seconds,
+            "verify_seconds": verify_seconds, "summary": f"{matched} of {len(key_map)} entries matched"}

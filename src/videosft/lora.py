@@ -9,8 +9,15 @@ from collections import Counter
 FROZEN_PREFIXES = re.compile(r"(^|\.)(visual|vision_tower|vision_model)\.")
 
 
+ALL_LINEAR = "all-linear"
+
+
 def target_module_names(model, targets: list[str]) -> list[str]:
-    """Full names of the language model's ``nn.Linear`` modules whose last name is in ``targets``."""
+    """Full names of the language model's ``nn.Linear`` modules whose last name is in ``targets``.
+
+    ``[all-linear]`` takes every linear layer of the language model (attention of both layer
+    types in Qwen3.5, the MLPs), never the vision tower, its merger or the LM head.
+    """
     import torch
 
     wanted = set(targets)
@@ -18,7 +25,7 @@ def target_module_names(model, targets: list[str]) -> list[str]:
         name
         for name, module in model.named_modules()
         if isinstance(module, torch.nn.Linear)
-        and name.rsplit(".", 1)[-1] in wanted
+        and (ALL_LINEAR in wanted or name.rsplit(".", 1)[-1] in wanted)
         and not FROZEN_PREFIXES.search(name)
         and not name.endswith("lm_head")
     ]

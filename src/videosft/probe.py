@@ -12,6 +12,7 @@ loads with.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 import time
@@ -20,6 +21,8 @@ from pathlib import Path
 from . import config as config_lib
 from .keymap import CheckpointError, build_meta_model, map_checkpoint, read_checkpoint
 from .lora import coverage
+from .memory import SampleFacts, flowchart, largest_frames, model_facts, plan_peak
+from .preprocess import read_samples
 from .provenance import run_record, stage_parser, write_json
 
 
@@ -55,7 +58,41 @@ def tokenizer_agreement(model_dir: Path, model) -> list[str]:
     return problems
 
 
-def probe(cfg: dict) -> dict:
+def longest_sample(manifest: Path) -> SampleFacts:
+    """The sample with the most input tokens, in either split: it sets the activation peak."""
+    rows = read_samples(manifest, "train", LENGTH_COLUMNS) + read_samples(manifest, "val", LENGTH_COLUMNS)
+    row = max(rows, key=lambda r: r["input_tokens"])
+    return SampleFacts(row["input_tokens"], row["visual_tokens"], row["supervised_tokens"], len(row["frame_indices"]))
+
+
+LENGTH_COLUMNS = ["input_tokens", "visual_tokens", "supervised_tokens", "frame_indices"]
+
+
+def memory_plan(model, cfg: dict, trainable: int, manifest: Path) -> dict:
+    """Predicted per-GPU peaks for several world sizes, the largest frame count under the limit,
+    and the lecture's flowchart for the configured world size."""
+    ds_zero = json.loads(Path(cfg["train"]["deepspeed_config"]).read_text())["zero_optimization"]
+    facts = model_facts(model, int(ds_zero.get("stage3_param_persistence_threshold", 1e5)))
+    sample = longest_sample(manifest)
+    limit = cfg["memory"]["gpu_memory_gib"]
+    precision = "bf16" if cfg["train"]["precision"] in ("auto", "bf16") else cfg["train"]["precision"]
+    per_world = {}
+    for world in cfg["memory"]["world_sizes"]:
+        peak = plan_peak(facts, sample, trainable, world, ds_zero, precision,
+                         checkpointing=cfg["train"]["gradient_checkpointing"])
+        peak["largest_frames_under_limit"] = largest_frames(facts, sample, trainable, world, ds_zero, limit, precision)
+        per_world[str(world)] = peak
+    return {
+        "gpu_memory_gib": limit,
+        "precision": precision,
+        "longest_sample": dataclasses.asdict(sample),
+        "model_facts": dataclasses.asdict(facts),
+        "per_world_size": per_world,
+        "flowchart": flowchart(facts, sample, trainable, max(cfg["memory"]["world_sizes"]), ds_zero, limit),
+    }
+
+
+def probe(cfg: dict, manifest: Path | None = None) -> dict:
     model_dir = Path(cfg["model"]["path"])
     started = time.perf_counter()
     tensors = read_checkpoint(model_dir)
@@ -68,10 +105,11 @@ def probe(cfg: dict) -> dict:
     if lora["missed_layer_types"]:
         print(f"WARNING: LoRA targets {cfg['lora']['target_modules']} miss whole layer types "
               f"{lora['missed_layer_types']} ({lora['layer_type_counts']}); those layers will not adapt. "
-              "To cover every layer type, target all linear layers of the language model, e.g. lora.target_modules: "
-              "[q_proj, k_proj, v_proj, o_proj, in_proj_qkv, in_proj_z, out_proj, gate_proj, up_proj, down_proj]",
+              "To cover every layer type, set lora.target_modules: [all-linear] (every linear layer of the "
+              "language model, not the vision tower or the LM head).",
               file=sys.stderr)
     shard_of = {key: info.shard for key, info in tensors.items()}
+    plan = memory_plan(model, cfg, lora["trainable_parameters"], manifest) if manifest else None
     return {
         "model_type": model.config.model_type,
         "model_class": type(model).__name__,
@@ -88,6 +126,7 @@ def probe(cfg: dict) -> dict:
         "config_dtype": config_dtype(model),
         "parameters": sum(p.numel() for p in model.parameters()),
         "lora": lora,
+        "memory": plan,
         "key_map": {key: {"shard": shard_of[key], "parameter": name} for key, name in report.key_map.items()},
         "seconds": time.perf_counter() - started,
         "ok": report.ok and not agreement,
@@ -97,16 +136,28 @@ def probe(cfg: dict) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     parser = stage_parser(__doc__)
+    parser.add_argument("--samples", type=Path, help="manifest.json of the preprocess stage: the memory plan "
+                        "is made for its longest sample (no plan without it)")
     args = parser.parse_args(argv)
     cfg = config_lib.load(args.config, "probe")
     with run_record("probe", args.out, cfg, code=args.code) as record:
-        result = probe(cfg)
+        result = probe(cfg, args.samples)
         record["results"] = {k: v for k, v in result.items() if k != "key_map"}
         lora = result["lora"]
         print(f"probe: {result['model_class']}, {result['mapped']} of {result['checkpoint_tensors']} checkpoint "
               f"tensors mapped ({result['renamed']} renamed), {result['parameters']:,} parameters; LoRA on "
               f"{lora['modules']} modules {lora['modules_per_layer_type']}, "
               f"{lora['trainable_parameters']:,} trainable")
+        if result["memory"]:
+            plan = result["memory"]
+            for world, peak in plan["per_world_size"].items():
+                print(f"memory plan, {world} GPU(s): {peak['reserved_gib']:.2f} GiB reserved per GPU "
+                      f"({peak['allocated_gib']:.2f} allocated) for the longest sample "
+                      f"({plan['longest_sample']['input_tokens']} tokens); at most "
+                      f"{peak['largest_frames_under_limit']} frames fit {plan['gpu_memory_gib']} GiB")
+            for step in plan["flowchart"]:
+                print(f"  {step['question']} {step['answer']}"
+                      + (f" ({step['predicted_gib']:.2f} GiB)" if "predicted_gib" in step else "") + f": {step['why']}")
         if not result["ok"]:
             raise CheckpointError(f"checkpoint {cfg['model']['path']} does not fit the model:\n{result['problems']}")
         write_json(args.out / "probe.json", result)

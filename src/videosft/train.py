@@ -15,12 +15,14 @@ gathered, full-shape tensors and no base weights.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import json
 import math
 import os
 import random
 import resource
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -29,17 +31,15 @@ import numpy as np
 
 from . import config as config_lib
 from .chat import IGNORE_INDEX
-from .keymap import model_class
+from .keymap import load_checkpoint, logical_shape, model_class
 from .lora import target_module_names
+from .memory import ModelFacts, SampleFacts, plan_peak
 from .preprocess import read_samples
-from .provenance import run_record, stage_parser, write_json
+from .provenance import run_record, stage_parser
+from .sampling import Cursor, DataError, check_every_rank_has_a_batch, check_ledgers, epoch_plan
 
 ADAPTER_FILES = {"adapter_model.safetensors", "adapter_config.json", "README.md"}
 WORKFLOW_MARKERS = {".snakemake_timestamp"}  # Snakemake stamps directory outputs with this
-
-
-class DataError(RuntimeError):
-    pass
 
 
 # ---------------------------------------------------------------- data
@@ -52,47 +52,6 @@ def load_samples(manifest: Path) -> list[dict]:
     if not rows:
         raise DataError(f"{manifest} lists no train samples")
     return rows
-
-
-def rank_schedule(n_samples: int, world: int, micro_batch: int, tail: str, epoch_seed: int) -> tuple[list[list[int]], dict]:
-    """Sample indices per rank for one epoch, and what the tail policy did.
-
-    The epoch order is a seeded shuffle shared by every rank; rank r takes every world-th
-    sample from position r. When ``n_samples`` does not divide into ``world * micro_batch``:
-    ``pad`` repeats samples from the start of the order, ``drop`` leaves the tail out,
-    ``error`` stops. Nothing is left out silently: the returned dict names what was padded or
-    dropped.
-    """
-    order = list(range(n_samples))
-    random.Random(epoch_seed).shuffle(order)
-    unit = world * micro_batch
-    remainder = n_samples % unit
-    padded: list[int] = []
-    dropped: list[int] = []
-    if remainder:
-        if tail == "error":
-            raise DataError(
-                f"{n_samples} train samples do not divide into world size {world} x micro batch {micro_batch}; "
-                "set train.tail to pad or drop, or change the data"
-            )
-        if tail == "pad":
-            padded = [order[i % n_samples] for i in range(unit - remainder)]
-            order = order + padded
-        else:
-            dropped = order[n_samples - remainder:]
-            order = order[: n_samples - remainder]
-    per_rank = [order[rank::world] for rank in range(world)]
-    return per_rank, {"padded": padded, "dropped": dropped}
-
-
-def check_every_rank_has_a_batch(n_samples: int, world: int, micro_batch: int, tail: str) -> None:
-    """Under ZeRO-3 a rank without a batch hangs the others; fail at once instead."""
-    if tail == "drop" and n_samples < world * micro_batch:
-        raise DataError(
-            f"{n_samples} train samples for {world} ranks x micro batch {micro_batch}: with train.tail=drop "
-            f"ranks {list(range(n_samples // micro_batch, world))} would get no batch and hang ZeRO-3. "
-            "Add samples, use train.tail=pad, or run fewer ranks."
-        )
 
 
 def collate(rows: list[dict], pad_id: int):
@@ -160,67 +119,6 @@ def build_partitioned_model(model_dir: Path, ds_config: dict):
     config = AutoConfig.from_pretrained(model_dir)
     model = model_class(config)._from_config(config)
     return model, keep_alive
-
-
-def logical_shape(parameter) -> list[int]:
-    """A ZeRO-3 parameter shows shape [0] on each rank; its real shape is ds_shape."""
-    return list(getattr(parameter, "ds_shape", parameter.shape))
-
-
-def load_checkpoint(model, model_dir: Path, key_map: dict, rank: int) -> dict:
-    """Copy each checkpoint tensor into the model's existing parameter, one gathered parameter at a time.
-
-    Every rank walks the key map in the same order (gathers are collective). Rank 0 writes into
-    the gathered ``nn.Parameter`` (``state_dict(keep_vars=True)`` gives the Parameters, not
-    copies); ZeRO re-partitions it on leaving the context. Then every entry is gathered again and
-    compared element-wise with the file, cast to the parameter's dtype.
-    """
-    import deepspeed
-    import torch
-    from safetensors import safe_open
-
-    state = model.state_dict(keep_vars=True)
-    by_shard: dict[str, list[tuple[str, str]]] = {}
-    for key, entry in sorted(key_map.items()):
-        by_shard.setdefault(entry["shard"], []).append((key, entry["parameter"]))
-    started = time.perf_counter()
-    for shard, entries in sorted(by_shard.items()):
-        with safe_open(model_dir / shard, framework="pt") as handle:
-            for key, name in entries:
-                target = state[name]
-                tensor = handle.get_tensor(key)
-                if list(tensor.shape) != logical_shape(target):
-                    raise ValueError(f"{key}: checkpoint shape {list(tensor.shape)} vs model {logical_shape(target)}")
-                if isinstance(target, torch.nn.Parameter) and hasattr(target, "ds_id"):
-                    with deepspeed.zero.GatheredParameters([target], modifier_rank=0):
-                        if rank == 0:
-                            with torch.no_grad():
-                                target.data.copy_(tensor.to(target.dtype))
-                else:
-                    with torch.no_grad():
-                        target.data.copy_(tensor.to(target.dtype))
-    load_seconds = time.perf_counter() - started
-
-    started = time.perf_counter()
-    matched, mismatched = 0, []
-    for shard, entries in sorted(by_shard.items()):
-        with safe_open(model_dir / shard, framework="pt") as handle:
-            for key, name in entries:
-                target = state[name]
-                source = handle.get_tensor(key)
-                gathered = [target] if hasattr(target, "ds_id") else []
-                with deepspeed.zero.GatheredParameters(gathered, modifier_rank=None):
-                    equal = torch.equal(target.data.detach().cpu(), source.to(target.dtype))
-                if equal:
-                    matched += 1
-                else:
-                    mismatched.append(key)
-    verify_seconds = time.perf_counter() - started
-    if mismatched:
-        raise ValueError(f"after loading, {len(mismatched)} of {len(key_map)} entries differ from the checkpoint: "
-                         f"{mismatched[:5]}")
-    return {"entries": len(key_map), "matched": matched, "load_seconds": load_seconds,
-            "verify_seconds": verify_seconds, "summary": f"{matched} of {len(key_map)} entries matched"}
 
 
 def add_lora(model, lora_cfg: dict, seed: int):
@@ -292,7 +190,7 @@ def lr_lambda(train_cfg: dict):
 # ---------------------------------------------------------------- the run
 
 
-def train(cfg: dict, samples_path: Path, probe_path: Path, out: Path, record: dict) -> None:
+def train(cfg: dict, samples_path: Path, probe_path: Path, out: Path, record: dict, resume: bool) -> None:
     import deepspeed
     import torch
     import torch.distributed as torch_dist
@@ -308,8 +206,11 @@ def train(cfg: dict, samples_path: Path, probe_path: Path, out: Path, record: di
         raise ValueError(f"{probe_path} reports a checkpoint that does not fit; rerun the probe and fix it first")
 
     rows = load_samples(samples_path)
-    micro = train_cfg["micro_batch_size"]
-    check_every_rank_has_a_batch(len(rows), world, micro, train_cfg["tail"])
+    micro, smoke = train_cfg["micro_batch_size"], train_cfg["smoke"]
+    check_every_rank_has_a_batch(len(rows), world, micro, train_cfg["tail"], smoke)
+
+    def plan_for(epoch: int):
+        return epoch_plan(len(rows), world, micro, train_cfg["tail"], train_cfg["seed"], epoch, smoke)
 
     ds_config = deepspeed_config(Path(train_cfg["deepspeed_config"]), train_cfg, world, precision)
     started = time.perf_counter()
@@ -325,29 +226,38 @@ def train(cfg: dict, samples_path: Path, probe_path: Path, out: Path, record: di
     engine, optimizer, _, scheduler = deepspeed.initialize(
         model=model, optimizer=optimizer, lr_scheduler=scheduler, config=ds_config,
         model_parameters=trainable, dist_init_required=False)
+
+    cursor, first_step = Cursor(), 0
+    checkpoints = out / "checkpoints"
+    if resume:
+        cursor, first_step = resume_from(engine, checkpoints, rank, cfg)
+    elif rank == 0:  # a fresh run: logs, ledgers and checkpoints of an earlier run would mislead
+        for stale in out.glob("*.rank*.jsonl"):
+            stale.unlink()
+        shutil.rmtree(checkpoints, ignore_errors=True)
+    torch_dist.barrier()
+    trim_logs(out, rank, first_step)
     initial_lora = gathered_lora_state(engine.module)
+    if first_step == 0:
+        nonzero_b = [name for name, value in initial_lora.items() if "lora_B" in name and value.any()]
+        if nonzero_b:
+            raise RuntimeError(f"LoRA B matrices start non-zero: {nonzero_b[:3]}; the update check assumes B = 0")
 
     pad_id = _pad_id(model_dir)
-    steps_log = open(out / f"steps.rank{rank}.jsonl", "w")
-    ledger = open(out / f"ledger.rank{rank}.jsonl", "w")
-    per_step = micro * train_cfg["grad_accum"]
-    epoch, cursor, tails = 0, 0, []
-    schedule, tail = rank_schedule(len(rows), world, micro, train_cfg["tail"], train_cfg["seed"])
-    tails.append({"epoch": 0, **tail})
-    losses = []
+    steps_log = open(out / f"steps.rank{rank}.jsonl", "a")
+    ledger = open(out / f"ledger.rank{rank}.jsonl", "a")
+    unchanged: list[str] | None = None
+    peaks = []
     engine.train()
-    for step in range(train_cfg["steps"]):
+    for step in range(first_step, train_cfg["steps"]):
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
         step_started = time.perf_counter()
         consumed, step_loss, tokens = [], 0.0, 0
         for _ in range(train_cfg["grad_accum"]):
-            if cursor + micro > len(schedule[rank]):
-                epoch, cursor = epoch + 1, 0
-                schedule, tail = rank_schedule(len(rows), world, micro, train_cfg["tail"], train_cfg["seed"] + epoch)
-                tails.append({"epoch": epoch, **tail})
-            batch_rows = [rows[i] for i in schedule[rank][cursor:cursor + micro]]
-            cursor += micro
+            epoch, indices = cursor.next_batch(plan_for, rank, micro)
+            batch_rows = [rows[i] for i in indices]
+            require_video(batch_rows, rank)
             batch = {k: v.to(device) for k, v in collate(batch_rows, pad_id).items()}
             loss = supervised_loss(engine, batch)
             engine.backward(loss)
@@ -355,10 +265,13 @@ def train(cfg: dict, samples_path: Path, probe_path: Path, out: Path, record: di
             step_loss += loss.item() / train_cfg["grad_accum"]
             tokens += int(batch["attention_mask"].sum())
             consumed.extend(batch_rows)
-            for row in batch_rows:
-                ledger.write(json.dumps({"epoch": epoch, "step": step, "window_id": row["window_id"]}) + "\n")
+            for index, row in zip(indices, batch_rows):
+                ledger.write(json.dumps({"epoch": epoch, "step": step, "index": index,
+                                         "window_id": row["window_id"]}) + "\n")
+        ledger.flush()
         elapsed = time.perf_counter() - step_started
-        losses.append(step_loss)
+        memory = peak_memory(device)
+        peaks.append(memory)
         entry = {
             "step": step, "rank": rank, "loss": step_loss, "lr": scheduler.get_last_lr()[0],
             "grad_norm": _float(engine.get_global_grad_norm()),
@@ -367,33 +280,140 @@ def train(cfg: dict, samples_path: Path, probe_path: Path, out: Path, record: di
             "grid": [r["video_grid_thw"] for r in consumed],
             "input_tokens": [r["input_tokens"] for r in consumed],
             "supervised_tokens": [r["supervised_tokens"] for r in consumed],
-            "step_seconds": elapsed, "tokens_per_second": tokens / elapsed, **peak_memory(device),
+            "step_seconds": elapsed, "tokens_per_second": tokens / elapsed, **memory,
         }
         steps_log.write(json.dumps(entry) + "\n")
         steps_log.flush()
         if rank == 0:
             print(f"step {step}: loss {step_loss:.4f} lr {entry['lr']:.2e} grad norm {entry['grad_norm']} "
                   f"{elapsed:.2f} s", flush=True)
+        if step == first_step + 1:
+            # lora_B starts at zero, so lora_A gets no gradient on the first step by construction:
+            # only after the second step must every LoRA tensor have moved.
+            unchanged = lora_unchanged(engine.module, initial_lora)
+            if unchanged and train_cfg["check_lora_updates"]:
+                raise RuntimeError(f"{len(unchanged)} of {len(initial_lora)} LoRA tensors did not change in two "
+                                   f"steps: {unchanged[:5]}; set train.check_lora_updates: false to go on anyway")
+        if train_cfg["save_every"] and (step + 1) % train_cfg["save_every"] == 0 and step + 1 < train_cfg["steps"]:
+            save_training_state(engine, checkpoints, step, cursor, rank, cfg)
     steps_log.close()
     ledger.close()
 
     final_lora = gathered_lora_state(engine.module)
-    unchanged = [name for name, value in final_lora.items() if torch.equal(value, initial_lora[name])]
-    if train_cfg["steps"] >= 2 and unchanged:
-        raise RuntimeError(f"{len(unchanged)} of {len(final_lora)} LoRA tensors did not change in "
-                           f"{train_cfg['steps']} steps: {unchanged[:5]}")
     adapter_dir = out / "adapter"
     if rank == 0:
         save_adapter(engine.module, final_lora, adapter_dir)
+    all_peaks = [None] * world
+    torch_dist.all_gather_object(all_peaks, peaks)
     torch_dist.barrier()
     record["results"] = {
         "world_size": world, "device": str(device), "precision": precision, "load": load,
         "lora_targets": targets, "trainable_parameters": sum(v.numel() for v in final_lora.values()),
-        "lora_tensors": len(final_lora), "lora_unchanged": unchanged,
-        "steps": train_cfg["steps"], "losses_rank0": losses, "samples": len(rows), "tail": tails,
-        "ledger": ledger_summary(out, world, rows),
+        "lora_tensors": len(final_lora), "lora_unchanged_after_two_steps": unchanged,
+        "steps": train_cfg["steps"], "resumed_from_step": first_step if resume else None,
+        "losses_rank0": [json.loads(line)["loss"] for line in (out / "steps.rank0.jsonl").read_text().splitlines()],
+        "samples": len(rows),
+        "ledger": check_ledgers(out, world, len(rows), plan_for, [r["window_id"] for r in rows], smoke),
         "zero_stage": ds_config["zero_optimization"]["stage"],
+        "memory": memory_comparison(probe, rows, world, ds_config, precision, train_cfg, all_peaks),
     }
+
+
+def require_video(batch_rows: list[dict], rank: int) -> None:
+    """Every rank runs the vision tower on every step: under ZeRO-3 a rank that skips it hangs the rest."""
+    for row in batch_rows:
+        if not row["visual_tokens"] or not row["pixel_values"]:
+            raise DataError(f"rank {rank}: sample {row['window_id']} has no video; every batch must carry one")
+
+
+def lora_unchanged(model, initial: dict) -> list[str]:
+    current = gathered_lora_state(model)
+    return [name for name, value in current.items() if torch_equal(value, initial[name])]
+
+
+def torch_equal(a, b) -> bool:
+    import torch
+
+    return bool(torch.equal(a, b))
+
+
+def memory_comparison(probe: dict, rows: list[dict], world: int, ds_config: dict, precision: str,
+                      train_cfg: dict, peaks: list[list[dict]]) -> dict:
+    """The planner's prediction for this run beside each rank's measured peak."""
+    facts = probe.get("memory", {}) and probe["memory"].get("model_facts")
+    measured = {rank: {key: max(step[key] for step in steps) for key in steps[0]} if steps else {}
+                for rank, steps in enumerate(peaks)}
+    if not facts:
+        return {"measured": measured}
+    longest = max(rows, key=lambda r: r["input_tokens"])
+    sample = SampleFacts(longest["input_tokens"], longest["visual_tokens"], longest["supervised_tokens"],
+                         len(longest["frame_indices"]))
+    trainable = probe["lora"]["trainable_parameters"]
+    predicted = plan_peak(ModelFacts(**facts), sample, trainable, world, ds_config["zero_optimization"], precision,
+                          checkpointing=train_cfg["gradient_checkpointing"])
+    return {"predicted": predicted, "measured": measured}
+
+
+def save_training_state(engine, checkpoints: Path, step: int, cursor: Cursor, rank: int, cfg: dict) -> None:
+    """LoRA weights, optimizer, scheduler (DeepSpeed's checkpoint) plus data position and RNG states."""
+    import torch
+
+    tag = f"step-{step + 1}"
+    engine.save_checkpoint(str(checkpoints), tag=tag, client_state={
+        "next_step": step + 1, "config_sha256": resumable_config_hash(cfg)})
+    torch.save({"cursor": dataclasses.asdict(cursor), "rng": rng_state()}, checkpoints / tag / f"position.rank{rank}.pt")
+
+
+def resume_from(engine, checkpoints: Path, rank: int, cfg: dict) -> tuple[Cursor, int]:
+    import torch
+
+    latest = checkpoints / "latest"
+    if not latest.exists():
+        raise FileNotFoundError(f"--resume: no checkpoint in {checkpoints} (train.save_every saves them)")
+    tag = latest.read_text().strip()
+    _, client = engine.load_checkpoint(str(checkpoints), tag=tag, load_optimizer_states=True,
+                                       load_lr_scheduler_states=True)
+    if client["config_sha256"] != resumable_config_hash(cfg):
+        raise ValueError(f"checkpoint {tag} was made with another configuration; start afresh instead of resuming")
+    position = torch.load(checkpoints / tag / f"position.rank{rank}.pt", weights_only=False)
+    set_rng_state(position["rng"])
+    print(f"rank {rank}: resuming at step {client['next_step']} from {checkpoints / tag}", flush=True)
+    return Cursor(**position["cursor"]), client["next_step"]
+
+
+def resumable_config_hash(cfg: dict) -> str:
+    """What must not change between a run and its resumption (everything but the resume switch)."""
+    from .provenance import config_hash
+
+    return config_hash({**cfg, "train": {k: v for k, v in cfg["train"].items() if k != "resume"}})
+
+
+def rng_state() -> dict:
+    import torch
+
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    import torch
+
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state:
+        torch.cuda.set_rng_state(state["cuda"])
+
+
+def trim_logs(out: Path, rank: int, first_step: int) -> None:
+    """On resume, forget log and ledger lines of steps after the checkpoint (they will run again)."""
+    for name in (f"steps.rank{rank}.jsonl", f"ledger.rank{rank}.jsonl"):
+        path = out / name
+        if path.exists():
+            kept = [line for line in path.read_text().splitlines() if json.loads(line)["step"] < first_step]
+            path.write_text("".join(line + "\n" for line in kept))
 
 
 def _pad_id(model_dir: Path) -> int:
@@ -425,18 +445,12 @@ def save_adapter(model, state: dict, adapter_dir: Path) -> None:
         raise RuntimeError(f"{adapter_dir} holds files other than the adapter: {extra}")
 
 
-def ledger_summary(out: Path, world: int, rows: list[dict]) -> dict:
-    consumed: dict[int, int] = {}
-    for rank in range(world):
-        path = out / f"ledger.rank{rank}.jsonl"
-        consumed[rank] = sum(1 for _ in open(path)) if path.exists() else 0
-    return {"consumed_per_rank": consumed, "train_samples": len(rows)}
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = stage_parser(__doc__)
     parser.add_argument("--samples", type=Path, required=True, help="manifest.json from the preprocess stage")
     parser.add_argument("--probe", type=Path, required=True, help="probe.json from the probe stage")
+    parser.add_argument("--resume", action="store_true", help="continue from the last checkpoint in OUT/checkpoints "
+                        "(also set by train.resume)")
     args = parser.parse_args(argv)
     cfg = config_lib.load(args.config, "train")
 
@@ -451,7 +465,7 @@ def main(argv: list[str] | None = None) -> int:
     rank = torch.distributed.get_rank()
     args.out.mkdir(parents=True, exist_ok=True)
     with run_record("train", args.out, cfg, enabled=rank == 0, code=args.code) as record:
-        train(cfg, args.samples, args.probe, args.out, record)
+        train(cfg, args.samples, args.probe, args.out, record, resume=args.resume or cfg["train"]["resume"])
     torch.distributed.destroy_process_group()
     return 0
 

@@ -149,3 +149,121 @@ def test_header_reading_never_touches_tensor_data(tmp_path):
         handle.truncate(8 + len(header) + 2 * 32768 * 65536)
     assert path.stat().st_blocks * 512 < 1 << 20  # sparse: almost nothing on disk
     assert read_header(path)["w"]["shape"] == [32768, 65536]
+
+
+def probe_failure(model_dir: Path, out: Path) -> str:
+    with pytest.raises(CheckpointError) as error:
+        run_probe(model_dir, out)
+    return str(error.value)
+
+
+def edit_config(model_dir: Path, **changes) -> None:
+    config = json.loads((model_dir / "config.json").read_text())
+    config.update(changes)
+    (model_dir / "config.json").write_text(json.dumps(config))
+
+
+def test_a_dtype_the_config_does_not_expect_is_an_error(demo_dir, tmp_path):
+    model = copy_checkpoint(demo_dir / "model", tmp_path / "m")
+    edit_config(model, dtype="bfloat16")  # the demo checkpoint holds float32 tensors
+    message = probe_failure(model, tmp_path / "out")
+    assert "dtype of" in message and "float32 vs config bfloat16" in message
+
+
+def test_tokenizer_and_config_disagreeing_is_an_error(demo_dir, tmp_path):
+    model = copy_checkpoint(demo_dir / "model", tmp_path / "m")
+    config = json.loads((model / "config.json").read_text())
+    edit_config(model, video_token_id=config["video_token_id"] + 1)
+    message = probe_failure(model, tmp_path / "out")
+    assert "video_token_id" in message and "<|video_pad|>" in message
+
+
+def test_single_file_checkpoint(demo_dir, tmp_path):
+    from transformers import AutoConfig
+
+    from videosft.keymap import model_class
+
+    model_dir = tmp_path / "single"
+    shutil.copytree(demo_dir / "model", model_dir, ignore=shutil.ignore_patterns("model*.safetensors*"))
+    model = model_class(AutoConfig.from_pretrained(demo_dir / "model")).from_pretrained(demo_dir / "model")
+    model.save_pretrained(model_dir, max_shard_size="1GB")
+    assert (model_dir / "model.safetensors").exists() and not (model_dir / "model.safetensors.index.json").exists()
+    result = run_probe(model_dir, tmp_path / "out")
+    assert result["ok"] and {v["shard"] for v in result["key_map"].values()} == {"model.safetensors"}
+
+
+@pytest.fixture(scope="module")
+def qwen3vl_dir(demo_dir, tmp_path_factory) -> Path:
+    """A tiny Qwen3-VL checkpoint saved by transformers: model.language_model.* / model.visual.* keys."""
+    from transformers import AutoProcessor, Qwen3VLConfig, Qwen3VLForConditionalGeneration
+
+    out = tmp_path_factory.mktemp("qwen3vl")
+    processor = AutoProcessor.from_pretrained(demo_dir / "model")
+    ids = processor.tokenizer.convert_tokens_to_ids
+    config = Qwen3VLConfig(
+        text_config=dict(vocab_size=len(processor.tokenizer), hidden_size=64, intermediate_size=128,
+                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                         rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                          "mrope_section": [4, 2, 2], "mrope_interleaved": True}),
+        vision_config=dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64,
+                           patch_size=16, num_position_embeddings=64, deepstack_visual_indexes=[0]),
+        image_token_id=ids("<|image_pad|>"), video_token_id=ids("<|video_pad|>"),
+        vision_start_token_id=ids("<|vision_start|>"), vision_end_token_id=ids("<|vision_end|>"),
+        tie_word_embeddings=False)
+    Qwen3VLForConditionalGeneration(config).save_pretrained(out, max_shard_size="200KB")
+    processor.save_pretrained(out)
+    return out
+
+
+def test_qwen3vl_layout_maps_without_renaming(qwen3vl_dir, tmp_path):
+    result = run_probe(qwen3vl_dir, tmp_path)
+    assert result["ok"] and result["model_type"] == "qwen3_vl" and result["renamed"] == 0
+    assert any(k.startswith("model.language_model.layers.") for k in result["key_map"])
+    assert any(k.startswith("model.visual.") for k in result["key_map"])
+    assert "lm_head.weight" in result["key_map"]  # untied
+
+
+def test_all_linear_covers_every_layer_type(demo_dir, tmp_path):
+    result = run_probe(demo_dir / "model", tmp_path, lora={"target_modules": ["all-linear"]})
+    lora = result["lora"]
+    assert lora["missed_layer_types"] == [] and set(lora["modules_per_layer_type"]) == {"linear_attention",
+                                                                                          "full_attention"}
+    assert not any("visual" in name or name.endswith("lm_head") for name in lora["examples"])
+    narrow = run_probe(demo_dir / "model", tmp_path / "narrow")["lora"]
+    assert lora["trainable_parameters"] > 5 * narrow["trainable_parameters"]
+
+
+def test_the_loader_writes_into_the_existing_parameters(demo_dir):
+    import torch
+    from safetensors.torch import load_file
+    from transformers import AutoConfig
+
+    from videosft.keymap import load_checkpoint, model_class
+
+    model_dir = demo_dir / "model"
+    report = map_checkpoint(build_meta_model(model_dir), tensors := read_checkpoint(model_dir))
+    key_map = {key: {"shard": tensors[key].shard, "parameter": name} for key, name in report.key_map.items()}
+    torch.manual_seed(1234)  # different weights from the checkpoint's
+    config = AutoConfig.from_pretrained(model_dir)
+    model = model_class(config)._from_config(config)
+    model.model.visual.requires_grad_(False)
+    before = {name: (parameter, parameter.requires_grad) for name, parameter in model.named_parameters()}
+    result = load_checkpoint(model, model_dir, key_map, rank=0)
+    assert result["matched"] == result["entries"] == len(key_map)
+    after = dict(model.named_parameters())
+    for name, (parameter, flag) in before.items():
+        assert after[name] is parameter and isinstance(after[name], torch.nn.Parameter), name
+        assert after[name].requires_grad == flag, name
+    state = model.state_dict()
+    for shard in {entry["shard"] for entry in key_map.values()}:
+        for key, tensor in load_file(model_dir / shard).items():
+            assert torch.equal(state[key_map[key]["parameter"]], tensor), key
+
+
+def test_the_probe_plans_memory_for_the_longest_sample(prepared, demo_config):
+    result = json.loads((prepared / "probe" / "probe.json").read_text())
+    plan = result["memory"]
+    assert plan["longest_sample"]["input_tokens"] == 229  # the demo's longest window
+    assert set(plan["per_world_size"]) == {"1", "2", "4"}
+    assert plan["per_world_size"]["1"]["reserved_gib"] > plan["per_world_size"]["4"]["reserved_gib"] > 0
+    assert [step["question"] for step in plan["flowchart"]][0] == "mixed precision?"

@@ -32,7 +32,12 @@ def test_two_rank_zero3_training_writes_a_full_shape_adapter(trained, demo_confi
     load = results["load"]
     assert load["matched"] == load["entries"] > 0
     assert load["summary"] == f"{load['entries']} of {load['entries']} entries matched"
-    assert results["lora_unchanged"] == []
+    assert results["lora_unchanged_after_two_steps"] == []
+    ledger = results["ledger"]
+    assert ledger["consumed_per_rank"] == {"0": 4, "1": 4} and ledger["finished_epochs"] == 1
+    assert ledger["every_sample_read_in_each_finished_epoch"] and ledger["padded_repeats"] == []
+    memory = results["memory"]
+    assert memory["predicted"]["allocated_gib"] > 0 and set(memory["measured"]) == {"0", "1"}
     assert all(torch.isfinite(torch.tensor(results["losses_rank0"])))
 
     files = {p.name for p in (trained / "adapter").iterdir()}

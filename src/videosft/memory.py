@@ -1,0 +1,186 @@
+"""Per-GPU peak memory of a LoRA + ZeRO-3 run, predicted before any GPU time is spent.
+
+The model follows the lecture's accounting (weights, gradients, Adam states per parameter, plus
+activations that grow with the sample), extended to ZeRO-3, LoRA and video:
+
+* base weights in the training precision, partitioned over the ranks, plus the small
+  "persistent" parameters every rank keeps whole;
+* the gathered working set: the largest block ZeRO-3 must assemble at once (a decoder layer, or
+  the embedding / LM head) plus the prefetch bucket;
+* LoRA: weights, gradients and fp32 Adam states (master, first and second moment): 2 + 2 + 12
+  bytes per trainable parameter in bf16, partitioned, plus the gradient reduce buffer;
+* activations of the longest sample: the checkpointed input of every decoder layer, one layer's
+  forward + backward working set during recomputation, the logits (only at supervised positions
+  when the trainer slices them, else every position), and the vision tower's forward under
+  ``no_grad`` (one block's buffers at a time);
+* allocator slack: reserved = allocated x ``RESERVED_OVER_ALLOCATED``.
+
+Coefficients that cannot be derived exactly (the working-set multipliers) are named constants,
+calibrated against measured peaks (bench/RESULTS.md).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+GIB = 2**30
+# Forward + backward of one recomputed layer hold about twice its forward activations.
+BACKWARD_OVER_FORWARD = 2.0
+# Caching allocator: reserved memory over the live peak (fragmentation, rounding to blocks).
+RESERVED_OVER_ALLOCATED = 1.15
+# fp32 logits upcast + their gradient, on top of the logits in the training precision.
+LOGIT_EXTRA_BYTES = 8
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    """Sizes read off the model built on the meta device."""
+
+    parameters: int
+    vision_parameters: int
+    largest_layer_parameters: int
+    embedding_parameters: int  # input embedding (and the LM head when tied)
+    lm_head_parameters: int  # 0 when tied to the embedding
+    small_parameters: int  # parameters in tensors at or below the persistence threshold
+    layers: int
+    hidden: int
+    intermediate: int
+    attention_width: int  # q + k + v + o projection widths of a full-attention layer
+    vocab: int
+    vision_hidden: int
+    vision_intermediate: int
+    vision_heads: int
+    merge: int
+
+
+@dataclass(frozen=True)
+class SampleFacts:
+    input_tokens: int
+    visual_tokens: int
+    supervised_tokens: int
+    frames: int
+
+
+def model_facts(model, persistence_threshold: int) -> ModelFacts:
+    """Read the sizes the plan needs off a model (meta device is fine: only shapes are used)."""
+    import re
+
+    text = model.config.get_text_config()
+    vision = model.config.vision_config
+    layer_sizes: dict[str, int] = {}
+    vision_parameters = small = 0
+    for name, parameter in model.named_parameters():
+        count = parameter.numel()
+        if re.search(r"(^|\.)visual\.", name):
+            vision_parameters += count
+        if count <= persistence_threshold:
+            small += count
+        match = re.search(r"language_model\.layers\.(\d+)\.|^model\.layers\.(\d+)\.", name)
+        if match:
+            key = match.group(1) or match.group(2)
+            layer_sizes[key] = layer_sizes.get(key, 0) + count
+    embedding = model.get_input_embeddings().weight
+    head = model.get_output_embeddings().weight
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+    attention_width = head_dim * (2 * text.num_attention_heads + 2 * text.num_key_value_heads)
+    return ModelFacts(
+        parameters=sum(p.numel() for p in model.parameters()),
+        vision_parameters=vision_parameters,
+        largest_layer_parameters=max(layer_sizes.values(), default=0),
+        embedding_parameters=embedding.numel(),
+        lm_head_parameters=0 if head is embedding else head.numel(),
+        small_parameters=small,
+        layers=text.num_hidden_layers,
+        hidden=text.hidden_size,
+        intermediate=text.intermediate_size,
+        attention_width=attention_width,
+        vocab=text.vocab_size,
+        vision_hidden=vision.hidden_size,
+        vision_intermediate=vision.intermediate_size,
+        vision_heads=getattr(vision, "num_heads", None) or vision.num_attention_heads,
+        merge=vision.spatial_merge_size,
+    )
+
+
+def precision_bytes(precision: str) -> int:
+    return 4 if precision == "fp32" else 2
+
+
+def plan_peak(model: ModelFacts, sample: SampleFacts, trainable: int, world: int, ds_zero: dict,
+              precision: str = "bf16", sliced_logits: bool = True, checkpointing: bool = True) -> dict:
+    """Predicted peak bytes per rank, by component."""
+    p = precision_bytes(precision)
+    prefetch = int(ds_zero.get("stage3_prefetch_bucket_size", 5e7))
+    max_live = int(ds_zero.get("stage3_max_live_parameters", 1e9))
+    reduce_bucket = int(ds_zero.get("reduce_bucket_size", 5e8))
+    largest_block = max(model.largest_layer_parameters, model.embedding_parameters, model.lm_head_parameters)
+    tokens = sample.input_tokens
+    patches = sample.visual_tokens * model.merge**2
+    layer_forward = tokens * p * (model.attention_width + 3 * model.intermediate + 4 * model.hidden)
+    if checkpointing:
+        activations = model.layers * tokens * model.hidden * p + BACKWARD_OVER_FORWARD * layer_forward
+    else:
+        activations = model.layers * layer_forward
+    logit_positions = sample.supervised_tokens if sliced_logits else tokens
+    patches_per_frame_pair = patches / max(1, sample.frames // 2)
+    vision = patches * p * (4 * model.vision_hidden + model.vision_intermediate) + \
+        patches_per_frame_pair**2 * model.vision_heads * p
+    components = {
+        "weights_partitioned": model.parameters * p / world,
+        "persistent_small_parameters": model.small_parameters * p * (world - 1) / world,
+        "gathered_working_set": min(max_live, largest_block + prefetch) * p,
+        "lora_weights_grads_adam": trainable * (2 * p + 12) / world,
+        "gradient_reduce_buffer": min(reduce_bucket, trainable) * p * 2,
+        "activations_checkpointed_layers": activations,
+        "embeddings_in_and_out": 2 * tokens * model.hidden * p,
+        "logits": logit_positions * model.vocab * (p + LOGIT_EXTRA_BYTES),
+        "vision_forward_no_grad": vision,
+    }
+    allocated = sum(components.values())
+    return {"components_gib": {k: v / GIB for k, v in components.items()},
+            "allocated_gib": allocated / GIB, "reserved_gib": allocated * RESERVED_OVER_ALLOCATED / GIB}
+
+
+def sample_at_frames(sample: SampleFacts, frames: int) -> SampleFacts:
+    """The same sample with ``frames`` frames at its per-frame budget."""
+    per_pair = sample.visual_tokens / max(1, sample.frames // 2)
+    visual = int(per_pair * frames / 2)
+    return SampleFacts(sample.input_tokens - sample.visual_tokens + visual, visual, sample.supervised_tokens, frames)
+
+
+def largest_frames(model: ModelFacts, sample: SampleFacts, trainable: int, world: int, ds_zero: dict,
+                   limit_gib: float, precision: str = "bf16", step: int = 2, cap: int = 4096) -> int:
+    """Most frames (a multiple of ``step``) whose predicted reserved peak stays under ``limit_gib``."""
+    best = 0
+    frames = step
+    while frames <= cap:
+        peak = plan_peak(model, sample_at_frames(sample, frames), trainable, world, ds_zero, precision)
+        if peak["reserved_gib"] > limit_gib:
+            break
+        best = frames
+        frames += step
+    return best
+
+
+def flowchart(model: ModelFacts, sample: SampleFacts, trainable: int, world: int, ds_zero: dict,
+              limit_gib: float, bf16_supported: bool = True) -> list[dict]:
+    """The lecture's decision chain, with the numbers behind each answer."""
+    precision = "bf16" if bf16_supported else "fp16"
+    steps = [{"question": "mixed precision?", "answer": precision,
+              "why": "always train in mixed precision; bf16 where the GPU supports it (Ampere and newer), "
+                     "else fp16 with loss scaling"}]
+    full_one = plan_peak(model, sample, model.parameters, 1, ds_zero, precision, checkpointing=False)
+    steps.append({"question": "full fine-tuning, batch 1, one GPU?", "predicted_gib": full_one["reserved_gib"],
+                  "answer": "fits" if full_one["reserved_gib"] <= limit_gib else "does not fit",
+                  "why": "16 bytes per parameter (weights, gradients, Adam) plus activations"})
+    full_zero3 = plan_peak(model, sample, model.parameters, world, ds_zero, precision)
+    steps.append({"question": f"full fine-tuning, ZeRO-3 over {world} GPUs, gradient checkpointing?",
+                  "predicted_gib": full_zero3["reserved_gib"],
+                  "answer": "fits" if full_zero3["reserved_gib"] <= limit_gib else "does not fit",
+                  "why": "ZeRO-3 partitions weights, gradients and optimizer states; activations are not partitioned"})
+    lora = plan_peak(model, sample, trainable, world, ds_zero, precision)
+    steps.append({"question": f"LoRA, ZeRO-3 over {world} GPUs, gradient checkpointing?",
+                  "predicted_gib": lora["reserved_gib"],
+                  "answer": "fits" if lora["reserved_gib"] <= limit_gib else "does not fit",
+                  "why": "only the adapters carry gradients and optimizer states"})
+    return steps

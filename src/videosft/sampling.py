@@ -1,0 +1,122 @@
+"""Which samples each rank reads, and the proof afterwards that none was lost.
+
+Every rank walks the same seeded order; rank r reads every world-th sample from position r. A
+sample count that does not divide into world size x micro batch is handled by the policy in
+``train.tail`` (never by a silent slice), and every sample a rank consumes goes to its ledger,
+which :func:`check_ledgers` compares with the schedule after training.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+class DataError(RuntimeError):
+    pass
+
+
+@dataclass
+class EpochPlan:
+    per_rank: list[list[int]]
+    padded: list[int] = field(default_factory=list)
+    dropped: list[int] = field(default_factory=list)
+
+
+def epoch_plan(n_samples: int, world: int, micro_batch: int, tail: str, seed: int, epoch: int,
+               smoke: bool = False) -> EpochPlan:
+    """Sample indices per rank for one epoch, and what the tail policy padded or dropped."""
+    if smoke:  # one sample, replicated so that every rank has a batch (a set-up check, not training)
+        return EpochPlan([[0] * micro_batch for _ in range(world)])
+    order = list(range(n_samples))
+    random.Random(f"{seed}:{epoch}").shuffle(order)
+    unit = world * micro_batch
+    remainder = n_samples % unit
+    plan = EpochPlan([])
+    if remainder:
+        if tail == "error":
+            raise DataError(
+                f"{n_samples} train samples do not divide into world size {world} x micro batch {micro_batch}; "
+                "set train.tail to pad or drop, or change the data"
+            )
+        if tail == "pad":
+            plan.padded = [order[i % n_samples] for i in range(unit - remainder)]
+            order = order + plan.padded
+        else:
+            plan.dropped = order[n_samples - remainder:]
+            order = order[: n_samples - remainder]
+    plan.per_rank = [order[rank::world] for rank in range(world)]
+    return plan
+
+
+def check_every_rank_has_a_batch(n_samples: int, world: int, micro_batch: int, tail: str, smoke: bool) -> None:
+    """Under ZeRO-3 a rank without a batch hangs the others; fail at once instead, naming it."""
+    if n_samples == 0:
+        raise DataError("the train split is empty")
+    if smoke or tail != "drop" or n_samples >= world * micro_batch:
+        return
+    idle = list(range(n_samples // micro_batch, world))
+    raise DataError(
+        f"{n_samples} train samples for {world} ranks x micro batch {micro_batch}: with train.tail=drop "
+        f"ranks {idle} would get no batch and hang ZeRO-3. Add samples, use train.tail=pad, run fewer "
+        "ranks, or set train.smoke to check a set-up with one sample."
+    )
+
+
+@dataclass
+class Cursor:
+    """Where a rank is in the sample stream; saved in checkpoints so a resumed run continues exactly."""
+
+    epoch: int = 0
+    position: int = 0
+
+    def next_batch(self, plan_for, rank: int, micro_batch: int) -> tuple[int, list[int]]:
+        plan = plan_for(self.epoch)
+        if self.position + micro_batch > len(plan.per_rank[rank]):
+            self.epoch, self.position = self.epoch + 1, 0
+            plan = plan_for(self.epoch)
+        batch = plan.per_rank[rank][self.position:self.position + micro_batch]
+        self.position += micro_batch
+        return self.epoch, batch
+
+
+def check_ledgers(out: Path, world: int, n_samples: int, plan_for, window_ids: list[str], smoke: bool = False) -> dict:
+    """Compare what every rank consumed with the schedule; count what was padded and dropped.
+
+    Each rank's ledger must be exactly its schedule, in order; and in each epoch that every rank
+    finished, the ranks together must have read every train sample (once, plus the padded
+    repeats; minus the dropped ones, which the record names).
+    """
+    consumed: dict[int, list[dict]] = {}
+    for rank in range(world):
+        path = out / f"ledger.rank{rank}.jsonl"
+        consumed[rank] = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    epochs = max((row["epoch"] for rows in consumed.values() for row in rows), default=0)
+    finished, padded, dropped = [], [], []
+    for epoch in range(epochs + 1):
+        plan = plan_for(epoch)
+        by_rank = {rank: [row["index"] for row in rows if row["epoch"] == epoch] for rank, rows in consumed.items()}
+        for rank, indices in by_rank.items():
+            expected = plan.per_rank[rank][: len(indices)]
+            if indices != expected:
+                raise DataError(f"rank {rank} read {indices[:8]} in epoch {epoch}; the schedule says {expected[:8]}")
+        if all(len(by_rank[rank]) == len(plan.per_rank[rank]) for rank in range(world)):
+            finished.append(epoch)
+            seen = Counter(i for indices in by_rank.values() for i in indices)
+            missing = set(range(n_samples)) - set(seen) - set(plan.dropped)
+            if missing and not smoke:
+                raise DataError(f"epoch {epoch} finished without reading samples {sorted(missing)[:8]}")
+            padded += plan.padded
+            dropped += plan.dropped
+    return {
+        "consumed_per_rank": {rank: len(rows) for rank, rows in consumed.items()},
+        "finished_epochs": len(finished),
+        "every_sample_read_in_each_finished_epoch": not smoke,
+        "smoke": smoke,
+        "padded_repeats": [window_ids[i] for i in padded],
+        "dropped": [window_ids[i] for i in dropped],
+        "train_samples": n_samples,
+    }

@@ -1,0 +1,143 @@
+"""The train stage's guarantees on 2 CPU ranks: tail policies and their ledgers, smoke mode,
+bit-exact resume after a kill, and a dead rank failing the run promptly."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pyarrow.parquet as pq
+import pytest
+from safetensors.torch import load_file
+
+from conftest import PROJECT, run_torchrun, stage_json
+from videosft.preprocess import sample_files
+
+
+def manifest_with(prepared: Path, tmp_path: Path, count: int) -> Path:
+    """A manifest whose train split holds the first ``count`` train samples."""
+    manifest = json.loads((prepared / "preprocess" / "manifest.json").read_text())
+    tables = [pq.read_table(path) for path in sample_files(prepared / "preprocess" / "manifest.json", "train")]
+    rows = [row for table in tables for row in table.to_pylist()][:count]
+    import pyarrow as pa
+
+    pq.write_table(pa.Table.from_pylist(rows, schema=tables[0].schema), tmp_path / "train-00000.parquet")
+    path = tmp_path / "manifest.json"
+    path.write_text(json.dumps({**manifest, "files": {"train": ["train-00000.parquet"]}}))
+    return path
+
+
+def kill_tree(process: subprocess.Popen) -> None:
+    """SIGKILL torchrun and every worker (workers may sit in their own process groups)."""
+    if process.poll() is None:
+        for child in psutil.Process(process.pid).children(recursive=True):
+            child.kill()
+        process.kill()
+    process.wait()
+
+
+def train_args(cfg: dict, samples: Path, prepared: Path, out: Path, *extra: str) -> list[str]:
+    return ["-m", "videosft.train", "--config", stage_json("train", cfg), "--samples", str(samples),
+            "--probe", str(prepared / "probe" / "probe.json"), "--out", str(out), *extra]
+
+
+def with_train(demo_config: dict, **train) -> dict:
+    return {**demo_config, "train": {**demo_config["train"], **train}}
+
+
+def record_of(out: Path) -> dict:
+    assert (out / "run_record.json").exists()
+    return json.loads((out / "run_record.json").read_text())
+
+
+@pytest.mark.parametrize("tail, steps, padded, dropped", [("pad", 4, 1, 0), ("drop", 3, 0, 1)])
+def test_tail_policies_are_explicit_and_the_ledger_proves_it(prepared, demo_config, tmp_path, tail, steps, padded,
+                                                              dropped):
+    samples = manifest_with(prepared, tmp_path, 7)  # 7 samples, 2 ranks: one too many or one too few
+    out = tmp_path / "out"
+    result = run_torchrun(train_args(with_train(demo_config, tail=tail, steps=steps), samples, prepared, out))
+    ledger = record_of(out)["results"]["ledger"]
+    assert ledger["finished_epochs"] == 1 and ledger["every_sample_read_in_each_finished_epoch"], result.stderr[-2000:]
+    assert len(ledger["padded_repeats"]) == padded and len(ledger["dropped"]) == dropped
+    read = [json.loads(l)["window_id"] for r in (0, 1) for l in (out / f"ledger.rank{r}.jsonl").read_text().splitlines()]
+    assert len(set(read)) == 7 - dropped and len(read) == 7 + padded - dropped
+
+
+def test_tail_policy_error_stops_before_training(prepared, demo_config, tmp_path):
+    samples = manifest_with(prepared, tmp_path, 7)
+    result = run_torchrun(train_args(with_train(demo_config, tail="error"), samples, prepared, tmp_path / "out"),
+                          timeout=120)
+    assert result.returncode != 0
+    assert "7 train samples do not divide into world size 2 x micro batch 1" in result.stderr + result.stdout
+
+
+def test_smoke_mode_gives_every_rank_the_one_sample(prepared, demo_config, tmp_path):
+    samples = manifest_with(prepared, tmp_path, 1)
+    out = tmp_path / "out"
+    run_torchrun(train_args(with_train(demo_config, smoke=True, steps=2), samples, prepared, out))
+    results = record_of(out)["results"]
+    assert results["ledger"]["smoke"] and results["ledger"]["consumed_per_rank"] == {"0": 2, "1": 2}
+    ids = {json.loads(l)["window_id"] for r in (0, 1) for l in (out / f"ledger.rank{r}.jsonl").read_text().splitlines()}
+    assert len(ids) == 1
+
+
+def test_resume_after_a_kill_gives_the_same_adapter_bit_for_bit(prepared, demo_config, tmp_path):
+    cfg = with_train(demo_config, steps=8, grad_accum=3, save_every=2)
+    samples = prepared / "preprocess" / "manifest.json"
+    straight = tmp_path / "straight"
+    run_torchrun(train_args(cfg, samples, prepared, straight))
+    assert (straight / "adapter" / "adapter_model.safetensors").exists()
+
+    interrupted = tmp_path / "interrupted"
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+               *train_args(cfg, samples, prepared, interrupted)]
+    process = subprocess.Popen(command, cwd=PROJECT, env={**os.environ, "OMP_NUM_THREADS": "1"},
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    latest = interrupted / "checkpoints" / "latest"
+    deadline = time.time() + 240
+    while not latest.exists() and process.poll() is None and time.time() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.5)  # let both ranks finish writing their part of that checkpoint
+    kill_tree(process)
+    assert not (interrupted / "adapter").exists(), "the run finished before it could be killed"
+    killed_at = latest.read_text().strip()
+
+    run_torchrun(train_args(cfg, samples, prepared, interrupted, "--resume"))
+    results = record_of(interrupted)["results"]
+    assert results["resumed_from_step"] == int(killed_at.split("-")[1]) > 0
+    ours = load_file(interrupted / "adapter" / "adapter_model.safetensors")
+    theirs = load_file(straight / "adapter" / "adapter_model.safetensors")
+    assert ours.keys() == theirs.keys()
+    for key in ours:
+        assert ours[key].equal(theirs[key]), key
+    assert results["losses_rank0"] == record_of(straight)["results"]["losses_rank0"]
+
+
+def test_a_dead_rank_fails_the_run_promptly(prepared, demo_config, tmp_path):
+    out = tmp_path / "out"
+    cfg = with_train(demo_config, steps=400, timeout_s=20)
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+               *train_args(cfg, prepared / "preprocess" / "manifest.json", prepared, out)]
+    process = subprocess.Popen(command, cwd=PROJECT, env={**os.environ, "OMP_NUM_THREADS": "1"},
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        log = out / "steps.rank1.jsonl"
+        deadline = time.time() + 240
+        while (not log.exists() or len(log.read_text().splitlines()) < 2) and time.time() < deadline:
+            time.sleep(0.1)
+        rank1 = next(child for child in psutil.Process(process.pid).children()
+                     if child.environ().get("RANK") == "1")
+        rank1.kill()
+        killed = time.time()
+        output, _ = process.communicate(timeout=90)
+        assert time.time() - killed < 60
+    finally:
+        kill_tree(process)
+    assert process.returncode != 0
+    assert "rank      : 1" in output or "local_rank: 1" in output, output[-3000:]
+    assert not (out / "adapter").exists()

@@ -1,0 +1,54 @@
+"""The memory planner's arithmetic, checked by hand on round numbers."""
+
+from __future__ import annotations
+
+import pytest
+
+from videosft.memory import GIB, RESERVED_OVER_ALLOCATED, ModelFacts, SampleFacts, largest_frames, plan_peak, \
+    sample_at_frames, flowchart
+
+MODEL = ModelFacts(parameters=4_000_000_000, vision_parameters=400_000_000, largest_layer_parameters=100_000_000,
+                   embedding_parameters=600_000_000, lm_head_parameters=0, small_parameters=1_000_000, layers=32,
+                   hidden=2560, intermediate=9216, attention_width=8192, vocab=248_320, vision_hidden=1024,
+                   vision_intermediate=4096, vision_heads=16, merge=2)
+SAMPLE = SampleFacts(input_tokens=6_600, visual_tokens=6_272, supervised_tokens=180, frames=64)
+ZERO = {"stage3_prefetch_bucket_size": 50_000_000, "stage3_max_live_parameters": 1_000_000_000,
+        "reduce_bucket_size": 500_000_000, "stage3_param_persistence_threshold": 1_000_000}
+
+
+def test_components_follow_the_lecture_and_zero3():
+    plan = plan_peak(MODEL, SAMPLE, trainable=10_000_000, world=2, ds_zero=ZERO)
+    parts = {k: v * GIB for k, v in plan["components_gib"].items()}
+    assert parts["weights_partitioned"] == pytest.approx(4e9 * 2 / 2)  # bf16, halved by two ranks
+    assert parts["lora_weights_grads_adam"] == pytest.approx(10e6 * 16 / 2)  # 16 bytes per trainable parameter
+    assert parts["gathered_working_set"] == pytest.approx((600e6 + 50e6) * 2)  # the embedding is the largest block
+    assert parts["logits"] == pytest.approx(180 * 248_320 * (2 + 8))  # supervised positions only
+    assert plan["reserved_gib"] == pytest.approx(plan["allocated_gib"] * RESERVED_OVER_ALLOCATED)
+    assert plan["allocated_gib"] == pytest.approx(sum(plan["components_gib"].values()))
+
+
+def test_more_ranks_less_memory_and_full_logits_cost_more():
+    one = plan_peak(MODEL, SAMPLE, 10_000_000, 1, ZERO)["allocated_gib"]
+    four = plan_peak(MODEL, SAMPLE, 10_000_000, 4, ZERO)["allocated_gib"]
+    assert four < one
+    full = plan_peak(MODEL, SAMPLE, 10_000_000, 2, ZERO, sliced_logits=False)["components_gib"]["logits"]
+    sliced = plan_peak(MODEL, SAMPLE, 10_000_000, 2, ZERO)["components_gib"]["logits"]
+    assert full == pytest.approx(sliced * 6_600 / 180)
+
+
+def test_frames_scale_the_visual_tokens_and_the_largest_count_fits():
+    doubled = sample_at_frames(SAMPLE, 128)
+    assert doubled.visual_tokens == 2 * SAMPLE.visual_tokens
+    assert doubled.input_tokens - doubled.visual_tokens == SAMPLE.input_tokens - SAMPLE.visual_tokens
+    frames = largest_frames(MODEL, SAMPLE, 10_000_000, 2, ZERO, limit_gib=12.0, step=16)
+    assert frames % 16 == 0 and frames > 0
+    assert plan_peak(MODEL, sample_at_frames(SAMPLE, frames), 10_000_000, 2, ZERO)["reserved_gib"] <= 12.0
+    assert plan_peak(MODEL, sample_at_frames(SAMPLE, frames + 16), 10_000_000, 2, ZERO)["reserved_gib"] > 12.0
+
+
+def test_flowchart_walks_the_lecture_steps():
+    steps = flowchart(MODEL, SAMPLE, 10_000_000, 2, ZERO, limit_gib=12.0)
+    assert steps[0]["answer"] == "bf16"
+    assert steps[1]["answer"] == "does not fit"  # 4B x 16 bytes alone is 60 GiB
+    assert steps[-1]["question"].startswith("LoRA") and steps[-1]["predicted_gib"] < steps[2]["predicted_gib"]
+    assert flowchart(MODEL, SAMPLE, 10_000_000, 2, ZERO, 12.0, bf16_supported=False)[0]["answer"] == "fp16"
