@@ -23,7 +23,8 @@ STAGE_SECTIONS = {
     "demo": ["demo"],
     "window": ["data", "window"],
     "preprocess": ["data", "model", "video", "prompt", "preprocess"],
-    "probe": ["model", "lora", "train", "memory"],
+    # the memory plan needs only what shapes the peak, so changing e.g. train.steps keeps the probe
+    "probe": ["model", "lora", "memory", "train:precision,gradient_checkpointing,deepspeed_config"],
     "train": ["model", "lora", "train"],
     "verify": ["model", "verify"],
 }
@@ -51,8 +52,12 @@ def resolve(config: dict | None) -> dict:
 
 
 def stage_config(stage: str, config: dict) -> dict:
-    """The sections of a resolved config that ``stage`` reads."""
-    return {section: config[section] for section in STAGE_SECTIONS[stage]}
+    """The sections (or, for ``section:key,key``, the keys of a section) that ``stage`` reads."""
+    picked = {}
+    for entry in STAGE_SECTIONS[stage]:
+        section, _, keys = entry.partition(":")
+        picked[section] = {k: config[section][k] for k in keys.split(",")} if keys else config[section]
+    return picked
 
 
 def load(argument: str, stage: str) -> dict:
