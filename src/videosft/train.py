@@ -199,6 +199,10 @@ def train(cfg: dict, samples_path: Path, probe_path: Path, out: Path, record: di
     rank, world = torch_dist.get_rank(), torch_dist.get_world_size()
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     device = torch.device("cuda", local_rank) if torch.cuda.is_available() else torch.device("cpu")
+    limit_gib = train_cfg["gpu_memory_gib"]
+    if limit_gib and device.type == "cuda":  # behave like a smaller card (e.g. 12 GiB) on a larger one
+        total = torch.cuda.get_device_properties(device).total_memory
+        torch.cuda.set_per_process_memory_fraction(min(1.0, limit_gib * 2**30 / total), device)
     precision = choose_precision(train_cfg["precision"])
     model_dir = Path(cfg["model"]["path"])
     probe = json.loads(probe_path.read_text())

@@ -35,7 +35,8 @@ def load_model(model_dir: Path, adapter_dir: Path):
     from transformers import AutoConfig
 
     config = AutoConfig.from_pretrained(model_dir)
-    base = model_class(config).from_pretrained(model_dir, dtype=torch.float32)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    base = model_class(config).from_pretrained(model_dir, dtype=torch.float32, device_map=device)
     model = PeftModel.from_pretrained(base, adapter_dir)
     model.eval()
     return model
@@ -79,12 +80,14 @@ def forward_agreement(model, rows: list[dict], pad_id: int, atol: float) -> dict
     """Largest logit difference between the unmerged and the merged model on the same samples."""
     import torch
 
-    batches = [{k: v for k, v in collate([row], pad_id).items() if k != "labels"} for row in rows]
+    device = next(model.parameters()).device
+    batches = [{k: v.to(device) for k, v in collate([row], pad_id).items() if k != "labels"} for row in rows]
     with torch.no_grad():
         unmerged = [model(**batch, use_cache=False).logits for batch in batches]
         merged_model = model.merge_and_unload()
         merged = [merged_model(**batch, use_cache=False).logits for batch in batches]
     differences = [(a - b).abs().max().item() for a, b in zip(unmerged, merged)]
+    del merged_model
     worst = max(differences, default=0.0)
     return {"samples": len(rows), "max_abs_difference": worst, "atol": atol, "ok": worst <= atol,
             "window_ids": [row["window_id"] for row in rows]}
