@@ -16,9 +16,11 @@ include: "workflow/rules/preprocess.smk"
 include: "workflow/rules/probe.smk"
 include: "workflow/rules/train.smk"
 include: "workflow/rules/verify.smk"
+include: "workflow/rules/report.smk"
 
 
 rule all:
     default_target: True
     input:
         "results/verify/verify.json",
+        "results/report/run_record.json",

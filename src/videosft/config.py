@@ -27,6 +27,7 @@ STAGE_SECTIONS = {
     "probe": ["model", "lora", "memory", "train:precision,gradient_checkpointing,deepspeed_config"],
     "train": ["model", "lora", "train"],
     "verify": ["model", "verify"],
+    "report": [],  # reads only the other stages' outputs
 }
 
 

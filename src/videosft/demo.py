@@ -47,10 +47,14 @@ CHAT_TEMPLATE = (
 
 
 def visible_intervals(rng: np.random.Generator, n_frames: int, fps: int) -> list[tuple[int, int]]:
-    """One or two frame intervals [a, b) in which the ball is visible, at least 1.5 s each."""
-    min_len = int(1.5 * fps)
+    """One or two frame intervals [a, b) in which the ball is visible, on whole seconds.
+
+    Whole seconds keep the answers on the same grid as the sampled frame pairs (at the default
+    2 fps, one pair per second), so a keep range is decidable from what the model sees.
+    """
+    seconds = n_frames // fps
     count = int(rng.integers(1, 3))
-    bounds = np.sort(rng.choice(np.arange(1, n_frames // min_len), size=2 * count, replace=False)) * min_len
+    bounds = np.sort(rng.choice(np.arange(1, seconds), size=2 * count, replace=False)) * fps
     return [(int(bounds[2 * i]), int(bounds[2 * i + 1])) for i in range(count)]
 
 
@@ -58,9 +62,9 @@ def render_frames(rng: np.random.Generator, cfg: dict, intervals: list[tuple[int
     height, width, fps = cfg["height"], cfg["width"], cfg["fps"]
     n_frames = int(round(cfg["seconds"] * fps))
     yy, xx = np.mgrid[0:height, 0:width]
-    base_color = rng.uniform(40, 140, size=3)
+    base_color = rng.uniform(40, 110, size=3) * np.array([0.6, 1.0, 1.0])  # never red: the ball is
     frames = np.empty((n_frames, height, width, 3), dtype=np.uint8)
-    radius = max(3, height // 8)
+    radius = max(3, height // 4)
     for index in range(n_frames):
         phase = 2 * np.pi * index / n_frames
         shade = 30 * np.sin(xx / width * 2 * np.pi + phase)[..., None]
@@ -222,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = stage_parser(__doc__)
     args = parser.parse_args(argv)
     cfg = config_lib.load(args.config, "demo")
-    with run_record("demo", args.out, cfg, code=args.code) as record:
+    with run_record("demo", args.out, cfg, args) as record:
         rows = make_videos(cfg["demo"], args.out / "videos", args.out / "annotations.jsonl")
         model_facts = build_model_dir(cfg["demo"], args.out / "model")
         record["results"] = {"videos": len(rows), "model": model_facts}

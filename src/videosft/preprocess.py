@@ -416,7 +416,7 @@ def main(argv: list[str] | None = None) -> int:
     if not 0 <= args.shard < args.shards:
         parser.error(f"--shard {args.shard} is not in 0..{args.shards - 1}")
     cfg = config_lib.load(args.config, "preprocess")
-    with run_record("preprocess", args.out, cfg, code=args.code) as record:
+    with run_record("preprocess", args.out, cfg, args) as record:
         if args.gather:
             gather(args.gather, args.out, cfg, record)
         else:

@@ -140,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
                         "is made for its longest sample (no plan without it)")
     args = parser.parse_args(argv)
     cfg = config_lib.load(args.config, "probe")
-    with run_record("probe", args.out, cfg, code=args.code) as record:
+    with run_record("probe", args.out, cfg, args) as record:
         result = probe(cfg, args.samples)
         record["results"] = {k: v for k, v in result.items() if k != "key_map"}
         lora = result["lora"]

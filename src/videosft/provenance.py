@@ -49,6 +49,7 @@ ENV_EXACT = (
     "MASTER_PORT",
     "OMP_NUM_THREADS",
     "PYTHONPATH",
+    "VIDEOSFT_ALLOW_MIXED_ENVIRONMENTS",
 )
 ENV_PREFIXES = ("SLURM_",)
 
@@ -110,12 +111,56 @@ def check_code(stage: str, expected: list[str] | None) -> None:
         )
 
 
+class EnvironmentMismatch(RuntimeError):
+    pass
+
+
+# What must be the same in every stage of one run.
+MUST_AGREE = ("interpreter", "python")
+MUST_AGREE_PACKAGES = ("torch", "transformers", "peft", "deepspeed")
+ALLOW_MIXED = "VIDEOSFT_ALLOW_MIXED_ENVIRONMENTS"
+
+
+def check_environment(record: dict, upstream: list[str] | None) -> None:
+    """Fail if this stage runs with another interpreter or core package than the run's earlier stages.
+
+    A rerun of one stage from another environment (an old virtualenv, a different torch) is what
+    the field notes lost a day to. Setting VIDEOSFT_ALLOW_MIXED_ENVIRONMENTS=1 allows it on purpose
+    (an environment variable, not a config key, so that turning it on reruns nothing).
+    """
+    if os.environ.get(ALLOW_MIXED) == "1":
+        return
+    for path in upstream or []:
+        theirs = json.loads(Path(path).read_text())
+        differences = [(key, record[key], theirs.get(key)) for key in MUST_AGREE
+                       if _same_file(record[key]) != _same_file(theirs.get(key))]
+        differences += [(f"{name} version", record["packages"].get(name), theirs.get("packages", {}).get(name))
+                        for name in MUST_AGREE_PACKAGES
+                        if record["packages"].get(name) != theirs.get("packages", {}).get(name)]
+        if differences:
+            listing = "; ".join(f"{key}: {ours!r} here, {other!r} in {theirs.get('stage')}" for key, ours, other in differences)
+            raise EnvironmentMismatch(
+                f"stage {record['stage']} runs in another environment than {path}: {listing}. Run every stage "
+                f"with the same interpreter and packages (rerun the earlier stages here), or set {ALLOW_MIXED}=1 "
+                "to allow it on purpose."
+            )
+
+
+def _same_file(value):
+    """Interpreter paths compare by the file they name (torchrun starts `python3.11` for `python`)."""
+    return os.path.realpath(value) if isinstance(value, str) and os.path.isabs(value) else value
+
+
 def stage_parser(doc: str | None) -> argparse.ArgumentParser:
-    """The arguments every stage takes: ``--config``, ``--out`` and (from Snakemake) ``--code``."""
+    """The arguments every stage takes: ``--config``, ``--out``, and from Snakemake ``--code``,
+    ``--after`` and ``--job``."""
     parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", required=True, help="the config sections as inline JSON, or a YAML config file")
     parser.add_argument("--out", type=Path, required=True, help="output directory; run_record.json lands here")
     parser.add_argument("--code", nargs="*", help="source files the workflow tracks for this stage (set by Snakemake)")
+    parser.add_argument("--after", nargs="*", help="run records of earlier stages of the same run: interpreter and "
+                        "core package versions must agree with them")
+    parser.add_argument("--job", help="the Snakemake job that runs this stage (recorded)")
     return parser
 
 
@@ -209,16 +254,20 @@ def write_json(path: Path, payload: Any) -> None:
 
 
 @contextlib.contextmanager
-def run_record(stage: str, out_dir: Path, config: Any, enabled: bool = True,
-               code: list[str] | None = None) -> Iterator[dict[str, Any]]:
+def run_record(stage: str, out_dir: Path, config: Any, args: argparse.Namespace | None = None,
+               enabled: bool = True) -> Iterator[dict[str, Any]]:
     """Write ``out_dir/run_record.json`` around a stage's work.
 
     The yielded dict's ``results`` entry is for the stage's own facts (counts, timings).
     The record is written with ``status: ok`` on success and ``status: failed`` plus the
     error on failure; ``enabled=False`` (non-zero ranks) yields a record but writes nothing.
     """
-    check_code(stage, code)
+    check_code(stage, getattr(args, "code", None))
     record = base_record(stage, config)
+    record["snakemake_job"] = getattr(args, "job", None)
+    record["slurm"] = {key: os.environ.get(f"SLURM_{key.upper()}") for key in ("job_id", "job_nodelist")
+                       if os.environ.get(f"SLURM_{key.upper()}")}
+    check_environment(record, getattr(args, "after", None))
     record["results"] = {}
     path = Path(out_dir) / "run_record.json"
     try:
@@ -234,3 +283,49 @@ def run_record(stage: str, out_dir: Path, config: Any, enabled: bool = True,
         record["devices"] = devices()
         if enabled:
             write_json(path, record)
+
+
+def flatten(value: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(value, dict):
+        flat: dict[str, Any] = {}
+        for key, item in value.items():
+            flat.update(flatten(item, f"{prefix}.{key}" if prefix else str(key)))
+        return flat
+    return {prefix: value}
+
+
+DIFF_FIELDS = ("stage", "interpreter", "python", "packages", "sources", "config", "env", "git", "host", "devices",
+               "snakemake_job", "slurm", "status")
+
+
+def diff(a: dict, b: dict) -> list[tuple[str, Any, Any]]:
+    """What differs between two run records, field by field (results and timings left out)."""
+    left = flatten({key: a.get(key) for key in DIFF_FIELDS})
+    right = flatten({key: b.get(key) for key in DIFF_FIELDS})
+    return [(key, left.get(key), right.get(key)) for key in sorted(set(left) | set(right))
+            if left.get(key) != right.get(key)]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description="Run records. `diff A B` prints what differs between two of them: interpreter, package "
+                    "versions, source hashes, config, environment, git state, host, devices.")
+    commands = parser.add_subparsers(dest="command", required=True)
+    compare = commands.add_parser("diff", help="what differs between two run records")
+    compare.add_argument("a", type=Path)
+    compare.add_argument("b", type=Path)
+    args = parser.parse_args(argv)
+    records = [json.loads(path.read_text()) for path in (args.a, args.b)]
+    differences = diff(*records)
+    if not differences:
+        print(f"{args.a} and {args.b} agree on {', '.join(DIFF_FIELDS)}")
+        return 0
+    width = max(len(key) for key, _, _ in differences)
+    print(f"{'':{width}}  {args.a}\n{'':{width}}  {args.b}")
+    for key, left, right in differences:
+        print(f"{key:{width}}  {left!r}\n{'':{width}}  {right!r}")
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

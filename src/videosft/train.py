@@ -434,19 +434,28 @@ def _float(value) -> float | None:
 
 
 def save_adapter(model, state: dict, adapter_dir: Path) -> None:
-    """Save the adapter from gathered tensors; check shapes, finiteness and the file set."""
+    """Save the adapter from gathered tensors; check shapes, finiteness and the file set.
+
+    Written to a scratch directory first and renamed into place, so an interrupted save never
+    leaves a half adapter that looks complete.
+    """
     import torch
 
+    parameters = dict(model.named_parameters())
     for name, tensor in state.items():
-        parameter = dict(model.named_parameters())[name]
-        if list(tensor.shape) != logical_shape(parameter) or tensor.numel() == 0:
-            raise RuntimeError(f"LoRA tensor {name} gathered as {list(tensor.shape)}, expected {logical_shape(parameter)}")
+        if list(tensor.shape) != logical_shape(parameters[name]) or tensor.numel() == 0:
+            raise RuntimeError(f"LoRA tensor {name} gathered as {list(tensor.shape)}, "
+                               f"expected {logical_shape(parameters[name])}")
         if not torch.isfinite(tensor).all():
             raise RuntimeError(f"LoRA tensor {name} has non-finite values")
-    model.save_pretrained(adapter_dir, state_dict=state, safe_serialization=True)
-    extra = sorted(set(os.listdir(adapter_dir)) - ADAPTER_FILES)
+    scratch = adapter_dir.with_name(f".{adapter_dir.name}.partial")
+    shutil.rmtree(scratch, ignore_errors=True)
+    model.save_pretrained(scratch, state_dict=state, safe_serialization=True)
+    extra = sorted(set(os.listdir(scratch)) - ADAPTER_FILES)
     if extra:
-        raise RuntimeError(f"{adapter_dir} holds files other than the adapter: {extra}")
+        raise RuntimeError(f"{adapter_dir} would hold files other than the adapter: {extra}")
+    shutil.rmtree(adapter_dir, ignore_errors=True)
+    scratch.rename(adapter_dir)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -468,7 +477,7 @@ def main(argv: list[str] | None = None) -> int:
     deepspeed.init_distributed(dist_backend=backend, timeout=dt.timedelta(seconds=cfg["train"]["timeout_s"]))
     rank = torch.distributed.get_rank()
     args.out.mkdir(parents=True, exist_ok=True)
-    with run_record("train", args.out, cfg, enabled=rank == 0, code=args.code) as record:
+    with run_record("train", args.out, cfg, args, enabled=rank == 0) as record:
         train(cfg, args.samples, args.probe, args.out, record, resume=args.resume or cfg["train"]["resume"])
     torch.distributed.destroy_process_group()
     return 0

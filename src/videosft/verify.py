@@ -3,7 +3,10 @@
 Every tensor in ``adapter_model.safetensors`` is compared element-wise and by shape with the one
 ``PeftModel.from_pretrained`` loaded; the adapter directory must hold adapter files only; and the
 merged (``merge_and_unload``) and unmerged models must give the same logits on real val samples
-within ``verify.forward_atol``. Exits non-zero on any mismatch.
+within ``verify.forward_atol``. Exits non-zero on any mismatch. Then both the base model (adapter
+disabled) and the fine-tune answer the val windows greedily, and both are scored with the same
+parser and metrics (R1 at IoU 0.3 / 0.5 / 0.7, mIoU, mAP over IoU 0.5:0.05:0.95, and the rates of
+well-formed, unparseable and degenerate answers), in ``verify.json`` and as a table in the log.
 
     python -m videosft.verify --config config.yaml --adapter results/train/adapter \\
         --samples results/preprocess/manifest.json --out results/verify
@@ -17,6 +20,8 @@ from pathlib import Path
 
 
 from . import config as config_lib
+from .evaluate import evaluate
+from .evaluate import table as evaluation_table
 from .keymap import model_class
 from .preprocess import read_samples
 from .provenance import run_record, stage_parser, write_json
@@ -103,15 +108,21 @@ def verify(cfg: dict, adapter_dir: Path, samples_path: Path) -> dict:
     load_seconds = time.perf_counter() - started
     tensors = compare_adapter(model, adapter_dir)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    rows = read_samples(samples_path, "val")[: cfg["verify"]["forward_samples"]]
-    forward = forward_agreement(model, rows, tokenizer.pad_token_id or 0, cfg["verify"]["forward_atol"])
+    val = read_samples(samples_path, "val")
+    started = time.perf_counter()
+    evaluation = evaluate(model, val[: cfg["verify"]["eval_windows"] or len(val)], tokenizer,
+                          cfg["verify"]["max_new_tokens"], collate)
+    evaluation["seconds"] = time.perf_counter() - started
+    # merge_and_unload folds the adapter into the base: compared last, once nothing else needs it
+    forward = forward_agreement(model, val[: cfg["verify"]["forward_samples"]], tokenizer.pad_token_id or 0,
+                                cfg["verify"]["forward_atol"])
     problems = list(tensors["problems"])
     if files["unexpected_files"]:
         problems.append(f"{adapter_dir} holds files that are not adapter files: {files['unexpected_files']}")
     if not forward["ok"]:
         problems.append(f"merged and unmerged logits differ by {forward['max_abs_difference']:.3g} > {forward['atol']}")
-    return {"adapter": files, "tensors": tensors, "forward": forward, "load_seconds": load_seconds,
-            "ok": not problems, "problems": problems}
+    return {"adapter": files, "tensors": tensors, "forward": forward, "evaluation": evaluation,
+            "load_seconds": load_seconds, "ok": not problems, "problems": problems}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -120,12 +131,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--samples", type=Path, required=True, help="manifest.json from the preprocess stage")
     args = parser.parse_args(argv)
     cfg = config_lib.load(args.config, "verify")
-    with run_record("verify", args.out, cfg, code=args.code) as record:
+    with run_record("verify", args.out, cfg, args) as record:
         result = verify(cfg, args.adapter, args.samples)
         record["results"] = result
         print(f"verify: {result['tensors']['summary']}; adapter {result['adapter']['bytes']:,} bytes; merged vs "
               f"unmerged logits max |difference| {result['forward']['max_abs_difference']:.2e} on "
               f"{result['forward']['samples']} val samples")
+        print(f"evaluation on {result['evaluation']['windows']} val windows, greedy, window-local time:")
+        print(evaluation_table(result["evaluation"]))
         if not result["ok"]:
             raise VerificationError("adapter verification failed:\n  " + "\n  ".join(result["problems"]))
         write_json(args.out / "verify.json", result)

@@ -62,18 +62,15 @@ def window_bounds(duration: float, length: float, stride: float, tail: str = "sh
     """
     if duration <= 0 or not math.isfinite(duration):
         raise ValueError(f"duration must be a positive number, got {duration}")
-    eps = 1e-6  # times are kept to the microsecond so float steps never overshoot the end
     bounds: list[Range] = []
     index = 0
-    while (start := round(index * stride, 6)) + length <= duration + eps:
-        bounds.append((start, min(round(start + length, 6), duration)))
+    # every start from its index (never accumulated), every end clamped to the video's end
+    while (start := index * stride) + length <= duration + 1e-9:
+        bounds.append((start, min(start + length, duration)))
         index += 1
     covered = bounds[-1][1] if bounds else 0.0
-    if covered < duration - eps and tail != "drop":
-        if tail == "shift" and duration >= length:
-            last = (max(0.0, round(duration - length, 6)), duration)
-        else:
-            last = (start if bounds else 0.0, duration)
+    if covered < duration - 1e-9 and tail != "drop":
+        last = (max(0.0, duration - length), duration) if tail == "shift" else (start, duration)
         if not bounds or last != bounds[-1]:
             bounds.append(last)
     return bounds
@@ -299,7 +296,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = stage_parser(__doc__)
     args = parser.parse_args(argv)
     cfg = config_lib.load(args.config, "window")
-    with run_record("window", args.out, cfg, code=args.code) as record:
+    with run_record("window", args.out, cfg, args) as record:
         rejects = Rejects(args.out / "rejects.jsonl")
         rows, counts = build_windows(Path(cfg["data"]["annotations"]), Path(cfg["data"]["root"]), cfg, rejects)
         write_windows(rows, args.out / "windows.parquet")

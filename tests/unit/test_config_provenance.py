@@ -73,3 +73,43 @@ def test_stale_code_is_refused(tmp_path):
     with pytest.raises(provenance.StaleCodeError, match="pip install -e"):
         provenance.check_code("window", stale)
     provenance.check_code("window", [str(p) for p in provenance.stage_sources("window")])
+
+
+def test_a_stage_in_another_environment_fails_naming_both(tmp_path, monkeypatch):
+    upstream = tmp_path / "window.json"
+    with provenance.run_record("window", tmp_path / "w", {}) as _:
+        pass
+    record = json.loads((tmp_path / "w" / "run_record.json").read_text())
+    record["packages"]["torch"] = "2.0.0"
+    record["interpreter"] = "/opt/old-env/bin/python"
+    upstream.write_text(json.dumps(record))
+    args = type("Args", (), {"code": None, "job": "preprocess", "after": [str(upstream)]})()
+    with pytest.raises(provenance.EnvironmentMismatch) as error:
+        with provenance.run_record("preprocess", tmp_path / "p", {}, args):
+            pass
+    message = str(error.value)
+    assert "/opt/old-env/bin/python" in message and "2.0.0" in message and provenance.ALLOW_MIXED in message
+    import torch
+
+    assert torch.__version__.split("+")[0] in message or provenance.package_versions()["torch"] in message
+    monkeypatch.setenv(provenance.ALLOW_MIXED, "1")
+    with provenance.run_record("preprocess", tmp_path / "p", {}, args) as record:
+        pass
+    assert json.loads((tmp_path / "p" / "run_record.json").read_text())["snakemake_job"] == "preprocess"
+
+
+def test_diff_names_what_changed(tmp_path, capsys):
+    with provenance.run_record("window", tmp_path / "a", {"window": {"length": 8}}):
+        pass
+    a = json.loads((tmp_path / "a" / "run_record.json").read_text())
+    b = json.loads(json.dumps(a))
+    b["packages"]["transformers"] = "4.0.0"
+    b["config"]["window"]["length"] = 4
+    b["sources"]["window.py"] = "0" * 64
+    (tmp_path / "b.json").write_text(json.dumps(b))
+    assert provenance.main(["diff", str(tmp_path / "a" / "run_record.json"), str(tmp_path / "b.json")]) == 1
+    out = capsys.readouterr().out
+    for key in ("packages.transformers", "config.window.length", "sources.window.py"):
+        assert key in out
+    assert "started" not in out  # timings are not differences
+    assert provenance.main(["diff", str(tmp_path / "a" / "run_record.json"), str(tmp_path / "a" / "run_record.json")]) == 0

@@ -22,6 +22,7 @@ STAGES = {
     "probe": "results/probe",
     "train": "results/train",
     "verify": "results/verify",
+    "report": "results/report",
 }
 
 
@@ -96,7 +97,7 @@ def test_every_stage_writes_its_outputs_and_a_run_record(full_run):
     assert verify["ok"] and verify["tensors"]["matched"] == verify["tensors"]["tensors"] > 0
     train = json.loads((full_run / "results/train/run_record.json").read_text())["results"]
     assert train["world_size"] == 2 and train["load"]["matched"] == train["load"]["entries"]
-    for rule in ("demo", "window", "preprocess", "probe", "train", "verify"):
+    for rule in ("demo", "window", "preprocess", "probe", "train", "verify", "report"):
         assert (full_run / "logs" / rule / f"{rule}.log").exists()
 
 
@@ -112,7 +113,7 @@ def test_changing_one_stage_plans_it_and_what_follows(full_run):
     train_py.write_text(original + "\n# a change\n")
     try:
         result = snakemake(full_run, "-n")
-        assert planned_jobs(result.stdout) == {"train": 1, "verify": 1, "all": 1}
+        assert planned_jobs(result.stdout) == {"train": 1, "verify": 1, "report": 1, "all": 1}
     finally:
         train_py.write_text(original)
 
@@ -121,6 +122,59 @@ def test_changing_one_stage_plans_it_and_what_follows(full_run):
     config.write_text(original.replace("steps: 4", "steps: 3"))
     try:
         result = snakemake(full_run, "-n", "--rerun-triggers", "params")
-        assert planned_jobs(result.stdout) == {"train": 1, "verify": 1, "all": 1}
+        assert planned_jobs(result.stdout) == {"train": 1, "verify": 1, "report": 1, "all": 1}
     finally:
         config.write_text(original)
+
+
+def test_a_failed_stage_reruns_alone_once_fixed(full_run):
+    zero3 = full_run / "workflow" / "deepspeed" / "zero3.json"
+    good = zero3.read_text()
+    zero3.write_text(good.replace('"stage": 3', '"stage": 2'))
+    try:
+        result = snakemake(full_run, "--cores", "2")
+        assert result.returncode != 0 and "Error in rule train" in result.stdout + result.stderr
+        assert "zero_optimization.stage must be 3" in (full_run / "logs/train/train.log").read_text()
+        assert not (full_run / "results/train/adapter").exists(), "a failed stage left its output behind"
+    finally:
+        zero3.write_text(good)
+    # the DeepSpeed config is read by the probe (memory plan) and the train stage: both rerun
+    assert planned_jobs(snakemake(full_run, "-n").stdout) == {"probe": 1, "train": 1, "verify": 1, "report": 1,
+                                                              "all": 1}
+    result = snakemake(full_run, "--cores", "2")
+    assert result.returncode == 0, result.stderr[-3000:]
+    ran = re.findall(r"^(?:local)?rule (\w+):", result.stdout + result.stderr, re.M)
+    assert sorted(set(ran)) == ["all", "probe", "report", "train", "verify"]
+
+
+def test_forcerun_and_until_plan_what_the_readme_says(full_run):
+    assert planned_jobs(snakemake(full_run, "-n", "--forcerun", "probe").stdout) == \
+        {"probe": 1, "train": 1, "verify": 1, "report": 1, "all": 1}
+    assert planned_jobs(snakemake(full_run, "-n", "--forcerun", "window", "--until", "probe").stdout) == \
+        {"window": 1, "preprocess_shard": 2, "preprocess": 1, "probe": 1}
+
+
+def test_an_interrupted_stage_is_found_and_rerun_with_rerun_incomplete(full_run):
+    import signal
+    import time
+
+    env = {**os.environ, "PYTHONPATH": str(full_run / "src")}
+    log = full_run / "logs" / "train" / "train.log"
+    log.unlink()  # the earlier run's log would look like this one's
+    process = subprocess.Popen([sys.executable, "-m", "snakemake", "--cores", "2", "--forcerun", "train"],
+                               cwd=full_run, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                               start_new_session=True)
+    deadline = time.time() + 120
+    while time.time() < deadline and not (log.exists() and "step 0" in log.read_text()):
+        time.sleep(0.2)
+    os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+    subprocess.run(["pkill", "-9", "-f", f"--out {full_run}/results/train|videosft.train"], check=False)
+    result = snakemake(full_run, "-n")
+    assert "incomplete" in (result.stdout + result.stderr).lower()
+    assert planned_jobs(snakemake(full_run, "-n", "--rerun-incomplete").stdout) == {"train": 1, "verify": 1, "report": 1, "all": 1}
+    locked = snakemake(full_run, "--cores", "2", "--rerun-incomplete")
+    assert locked.returncode != 0 and "--unlock" in locked.stdout + locked.stderr  # a killed run leaves its lock
+    assert snakemake(full_run, "--unlock").returncode == 0
+    assert snakemake(full_run, "--cores", "2", "--rerun-incomplete").returncode == 0
+    assert planned_jobs(snakemake(full_run, "-n").stdout) == {}

@@ -8,6 +8,7 @@ rule demo:
         model=directory("data/demo/model"),
         record="data/demo/run_record.json",
     params:
+        job="demo",
         cfg=stage_json("demo"),
         out=output_dir,
     conda:
@@ -17,4 +18,4 @@ rule demo:
     benchmark:
         "benchmarks/demo/demo.tsv"
     shell:
-        "python -m videosft.demo --config {params.cfg:q} --code {input.code} --out {params.out} > {log} 2>&1"
+        "python -m videosft.demo --config {params.cfg:q} --code {input.code} --job {params.job} --out {params.out} > {log} 2>&1"

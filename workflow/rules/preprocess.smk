@@ -7,10 +7,12 @@ rule preprocess_shard:
         windows=rules.window.output.windows,
         videos=config["data"]["root"],
         model=config["model"]["path"],
+        after=rules.window.output.record,
         code=sources("preprocess"),
     output:
         shard=directory("results/preprocess/shards/{shard}"),
     params:
+        job="preprocess_shard/{shard}",
         cfg=stage_json("preprocess"),
         shards=len(SHARDS),
     conda:
@@ -20,7 +22,7 @@ rule preprocess_shard:
     benchmark:
         "benchmarks/preprocess/shard-{shard}.tsv"
     shell:
-        "python -m videosft.preprocess --config {params.cfg:q} --code {input.code} --windows {input.windows} "
+        "python -m videosft.preprocess --config {params.cfg:q} --code {input.code} --job {params.job} --after {input.after} --windows {input.windows} "
         "--shard {wildcards.shard} --shards {params.shards} --out {output.shard} > {log} 2>&1"
 
 
@@ -28,12 +30,14 @@ rule preprocess:
     """Join the shards into one manifest; count and check the rejects of all of them."""
     input:
         shards=expand("results/preprocess/shards/{shard}", shard=SHARDS),
+        after=rules.window.output.record,
         code=sources("preprocess"),
     output:
         manifest="results/preprocess/manifest.json",
         rejects="results/preprocess/rejects.jsonl",
         record="results/preprocess/run_record.json",
     params:
+        job="preprocess",
         cfg=stage_json("preprocess"),
         out=output_dir,
     conda:
@@ -41,5 +45,5 @@ rule preprocess:
     log:
         "logs/preprocess/preprocess.log",
     shell:
-        "python -m videosft.preprocess --config {params.cfg:q} --code {input.code} --gather {input.shards} "
+        "python -m videosft.preprocess --config {params.cfg:q} --code {input.code} --job {params.job} --after {input.after} --gather {input.shards} "
         "--out {params.out} > {log} 2>&1"

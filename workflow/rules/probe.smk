@@ -4,11 +4,13 @@ rule probe:
         model=config["model"]["path"],
         samples=rules.preprocess.output.manifest,
         deepspeed=config["train"]["deepspeed_config"],
+        after=rules.window.output.record,
         code=sources("probe"),
     output:
         probe="results/probe/probe.json",
         record="results/probe/run_record.json",
     params:
+        job="probe",
         cfg=stage_json("probe"),
         out=output_dir,
     conda:
@@ -16,5 +18,5 @@ rule probe:
     log:
         "logs/probe/probe.log",
     shell:
-        "python -m videosft.probe --config {params.cfg:q} --code {input.code} --samples {input.samples} "
+        "python -m videosft.probe --config {params.cfg:q} --code {input.code} --job {params.job} --after {input.after} --samples {input.samples} "
         "--out {params.out} > {log} 2>&1"

@@ -5,11 +5,13 @@ rule train:
         probe=rules.probe.output.probe,
         model=config["model"]["path"],
         deepspeed=config["train"]["deepspeed_config"],
+        after=rules.window.output.record,
         code=sources("train"),
     output:
         adapter=directory("results/train/adapter"),
         record="results/train/run_record.json",
     params:
+        job="train",
         cfg=stage_json("train"),
         out=output_dir,
     threads: 2
@@ -24,4 +26,4 @@ rule train:
     shell:
         "OMP_NUM_THREADS=$(( {threads} / {resources.nproc} > 0 ? {threads} / {resources.nproc} : 1 )) "
         "torchrun --standalone --nproc_per_node {resources.nproc} -m videosft.train "
-        "--config {params.cfg:q} --code {input.code} --samples {input.samples} --probe {input.probe} --out {params.out} > {log} 2>&1"
+        "--config {params.cfg:q} --code {input.code} --job {params.job} --after {input.after} --samples {input.samples} --probe {input.probe} --out {params.out} > {log} 2>&1"

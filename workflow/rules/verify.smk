@@ -4,11 +4,13 @@ rule verify:
         adapter=rules.train.output.adapter,
         samples=rules.preprocess.output.manifest,
         model=config["model"]["path"],
+        after=rules.window.output.record,
         code=sources("verify"),
     output:
         verify="results/verify/verify.json",
         record="results/verify/run_record.json",
     params:
+        job="verify",
         cfg=stage_json("verify"),
         out=output_dir,
     conda:
@@ -18,5 +20,5 @@ rule verify:
     benchmark:
         "benchmarks/verify/verify.tsv"
     shell:
-        "python -m videosft.verify --config {params.cfg:q} --code {input.code} --adapter {input.adapter} "
+        "python -m videosft.verify --config {params.cfg:q} --code {input.code} --job {params.job} --after {input.after} --adapter {input.adapter} "
         "--samples {input.samples} --out {params.out} > {log} 2>&1"

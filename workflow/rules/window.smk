@@ -9,6 +9,7 @@ rule window:
         rejects="results/window/rejects.jsonl",
         record="results/window/run_record.json",
     params:
+        job="window",
         cfg=stage_json("window"),
         out=output_dir,
     conda:
@@ -18,4 +19,4 @@ rule window:
     benchmark:
         "benchmarks/window/window.tsv"
     shell:
-        "python -m videosft.window --config {params.cfg:q} --code {input.code} --out {params.out} > {log} 2>&1"
+        "python -m videosft.window --config {params.cfg:q} --code {input.code} --job {params.job} --out {params.out} > {log} 2>&1"

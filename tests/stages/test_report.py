@@ -1,0 +1,251 @@
+"""The report stage: figures from the other stages' real outputs, placeholders for missing ones,
+the evaluation table, and `snakemake --report report.html` after a full run."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import shutil
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import matplotlib.image
+import pytest
+
+from conftest import PROJECT, stage_json
+from videosft import report
+
+FIGURES = report.FIGURES
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def assert_png(path: Path) -> None:
+    data = Path(path).read_bytes()
+    assert data[:8] == PNG_MAGIC and len(data) > 2000, f"{path} is not a PNG with content"
+    image = matplotlib.image.imread(path)
+    assert image.shape[0] > 100 and image.shape[1] > 100, f"{path}: {image.shape}"
+
+
+def assert_svg(path: Path) -> str:
+    text = Path(path).read_text()
+    root = ET.fromstring(text)
+    assert root.tag.endswith("svg") and len(text) > 2000, f"{path} is not an SVG with content"
+    return text
+
+
+def write_train(directory: Path, device: str = "cpu", world: int = 2, steps: int = 4) -> Path:
+    """A train stage's run record and step logs, shaped as train.py writes them."""
+    directory.mkdir(parents=True, exist_ok=True)
+    measured = {}
+    for rank in range(world):
+        lines = []
+        for step in range(steps):
+            memory = ({"peak_allocated_gib": 7.1 + 0.1 * step + 0.05 * rank, "peak_reserved_gib": 8.0 + 0.1 * step}
+                      if device.startswith("cuda") else {"peak_rss_gib": 0.99 + 0.001 * step})
+            lines.append(json.dumps({"step": step, "rank": rank, "loss": 5.9 - 0.1 * step + 0.01 * rank,
+                                     "lr": 2e-4, "grad_norm": 0.4, "samples": [f"video_00{rank}.mp4#000{step}/x"],
+                                     "frames": [16], "grid": [[8, 4, 6]], "input_tokens": [220],
+                                     "supervised_tokens": [8], "step_seconds": 0.4, "tokens_per_second": 500.0,
+                                     **memory}))
+        (directory / f"steps.rank{rank}.jsonl").write_text("\n".join(lines) + "\n")
+        measured[str(rank)] = {key: value for key, value in json.loads(lines[-1]).items() if key.startswith("peak_")}
+    record = {
+        "stage": "train", "status": "ok",
+        "results": {
+            "world_size": world, "device": device, "precision": "bf16" if device.startswith("cuda") else "fp32",
+            "load": {"entries": 88, "matched": 88, "load_seconds": 0.08, "verify_seconds": 0.06,
+                     "summary": "88 of 88 entries matched", "build_and_load_seconds": 4.4},
+            "steps": steps,
+            "memory": {"predicted": {"allocated_gib": 7.4, "reserved_gib": 8.5},
+                       "measured": measured},
+        },
+    }
+    (directory / "run_record.json").write_text(json.dumps(record))
+    return directory / "run_record.json"
+
+
+BASE = {"R1@0.3": 0.25, "R1@0.5": 0.125, "R1@0.7": 0.0, "mIoU": 0.1875, "mAP": 0.0625, "num_samples": 4,
+        "well_formed_rate": 0.5, "unparseable_rate": 0.5, "degenerate_rate": 0.25}
+TUNED = {"R1@0.3": 0.75, "R1@0.5": 0.5, "R1@0.7": 0.25, "mIoU": 0.5625, "mAP": 0.4375, "num_samples": 4,
+         "well_formed_rate": 1.0, "unparseable_rate": 0.0, "degenerate_rate": 0.0}
+
+
+def write_verify(path: Path, evaluation: bool = True) -> Path:
+    """A verify stage's verify.json, shaped as verify.py writes it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    result = {"tensors": {"tensors": 4, "matched": 4}, "load_seconds": 3.0, "ok": True, "problems": []}
+    if evaluation:
+        result["evaluation"] = {
+            "windows": 4, "base": BASE, "fine_tuned": TUNED,
+            "answers": [{"window_id": "video_001.mp4#0000/x", "target": [[2.0, 8.0]], "base": "\n\n<x>",
+                         "fine_tuned": "2.0-8.0"}],
+        }
+    path.write_text(json.dumps(result))
+    return path
+
+
+@pytest.fixture(scope="module")
+def inputs(prepared, tmp_path_factory) -> report.Inputs:
+    """Real window / preprocess / probe outputs; train and verify outputs as those stages write them."""
+    extra = tmp_path_factory.mktemp("report-inputs")
+    window_rejects = extra / "window-rejects.jsonl"  # the demo has none: add two, of two reasons
+    window_rejects.write_text(
+        json.dumps({"where": "annotations.jsonl:7", "reason": "FileNotFoundError", "error": "no video"}) + "\n"
+        + json.dumps({"where": "annotations.jsonl:9", "reason": "ValueError", "error": "keep range"}) + "\n")
+    return report.Inputs(
+        windows=prepared / "window" / "windows.parquet",
+        window_rejects=window_rejects,
+        manifest=prepared / "preprocess" / "manifest.json",
+        preprocess_rejects=prepared / "preprocess" / "rejects.jsonl",
+        probe=prepared / "probe" / "probe.json",
+        train=write_train(extra / "train"),
+        verify=write_verify(extra / "verify" / "verify.json"),
+    )
+
+
+def report_args(inputs: report.Inputs, out: Path) -> list[str]:
+    args = ["--config", stage_json("report"), "--out", str(out)]
+    for name, path in vars(inputs).items():
+        if path is not None:
+            args += [f"--{name.replace('_', '-')}", str(path)]
+    return args
+
+
+def test_every_figure_is_drawn_from_the_stage_outputs(inputs, tmp_path):
+    out = tmp_path / "report"
+    assert report.main(report_args(inputs, out)) == 0
+    record = json.loads((out / "run_record.json").read_text())
+    assert record["stage"] == "report" and record["status"] == "ok"
+    results = record["results"]
+    assert results["placeholders"] == [] and results["problems"] == []
+    assert set(results["figures"]) == set(FIGURES)
+    for name in FIGURES:
+        assert_png(out / f"{name}.png")
+        assert str(out / f"{name}.png") in results["figures"][name]["files"]
+    assert all(entry["exists"] for entry in results["inputs"].values())
+
+
+def test_svg_figures_keep_their_text(inputs, tmp_path):
+    assert report.main(report_args(inputs, tmp_path) + ["--format", "svg"]) == 0
+    texts = {name: assert_svg(tmp_path / f"{name}.svg") for name in FIGURES}
+    assert "predicted allocated" in texts["memory"] and "rank 1" in texts["loss"]
+    assert "config video.max_tokens" in texts["tokens"]  # where the budget came from
+    assert "window: FileNotFoundError" in texts["windows"] and "fine-tuned" in texts["evaluation"]
+
+
+def test_gpu_memory_is_drawn_against_the_prediction(inputs, tmp_path):
+    gpu = report.Inputs(**{**vars(inputs), "train": write_train(tmp_path / "train", device="cuda:0")})
+    result = report.make_report(gpu, tmp_path / "out", fmt="svg")
+    assert result["placeholders"] == []
+    text = assert_svg(tmp_path / "out" / "memory.svg")
+    for label in ("rank 0 peak allocated", "rank 1 peak reserved", "predicted allocated", "predicted reserved",
+                  "GPU memory limit"):
+        assert label in text, label
+    assert "peak RSS" not in text
+
+
+def test_missing_optional_inputs_give_placeholder_figures(inputs, tmp_path):
+    absent = tmp_path / "absent"
+    partial = report.Inputs(windows=inputs.windows, manifest=inputs.manifest, probe=None,
+                            window_rejects=absent / "rejects.jsonl", preprocess_rejects=None,
+                            train=absent / "run_record.json", verify=absent / "verify.json")
+    out = tmp_path / "report"
+    assert report.main(report_args(partial, out)) == 0
+    results = json.loads((out / "run_record.json").read_text())["results"]
+    assert results["placeholders"] == ["evaluation", "load", "loss", "memory"]
+    assert results["problems"] == []
+    assert "not found" in results["figures"]["loss"]["placeholder"]
+    for name in FIGURES:
+        assert_png(out / f"{name}.png")
+    assert "No evaluation to show" in (out / "evaluation.html").read_text()
+    assert (out / "evaluation.csv").read_text().splitlines() == ["metric,base,fine_tuned,difference"]
+
+    nothing = tmp_path / "nothing"
+    assert report.main(["--config", stage_json("report"), "--out", str(nothing)]) == 0  # no inputs at all
+    results = json.loads((nothing / "run_record.json").read_text())["results"]
+    assert results["placeholders"] == sorted(FIGURES)
+    for name in FIGURES:
+        assert_png(nothing / f"{name}.png")
+
+
+def test_empty_step_logs_and_a_verify_without_evaluation_give_placeholders(inputs, tmp_path):
+    train = write_train(tmp_path / "train")
+    for path in train.parent.glob("steps.rank*.jsonl"):
+        path.write_text("")
+    record = json.loads(train.read_text())
+    del record["results"]["memory"]
+    train.write_text(json.dumps(record))
+    empty = report.Inputs(**{**vars(inputs), "train": train,
+                             "verify": write_verify(tmp_path / "verify.json", evaluation=False)})
+    result = report.make_report(empty, tmp_path / "out")
+    assert result["placeholders"] == ["evaluation", "loss", "memory"] and result["problems"] == []
+    assert result["figures"]["load"]["placeholder"] is None  # the load times are still there
+    for name in FIGURES:
+        assert_png(tmp_path / "out" / f"{name}.png")
+
+
+def test_a_figure_that_fails_is_recorded_not_fatal(inputs, tmp_path):
+    broken = tmp_path / "verify.json"
+    broken.write_text(json.dumps({"evaluation": {"base": {"mIoU": 0.5}, "fine_tuned": {"mIoU": "high"}},
+                                  "load_seconds": "soon"}))
+    (tmp_path / "manifest.json").write_text("{not json")
+    result = report.make_report(report.Inputs(**{**vars(inputs), "verify": broken,
+                                                 "manifest": tmp_path / "manifest.json"}), tmp_path / "out")
+    assert "tokens" in result["placeholders"] and any(p.startswith("tokens:") for p in result["problems"])
+    assert result["figures"]["evaluation"]["placeholder"] is None  # the numeric metric is drawn
+    for name in FIGURES:
+        assert_png(tmp_path / "out" / f"{name}.png")
+
+
+def test_the_evaluation_table_holds_base_and_fine_tuned_values(inputs, tmp_path):
+    report.make_report(inputs, tmp_path)
+    with open(tmp_path / "evaluation.csv") as handle:
+        rows = {row["metric"]: row for row in csv.DictReader(handle)}
+    assert set(rows) == {k for k in BASE if k != "num_samples"}
+    for metric, row in rows.items():
+        assert float(row["base"]) == pytest.approx(BASE[metric])
+        assert float(row["fine_tuned"]) == pytest.approx(TUNED[metric])
+        assert float(row["difference"]) == pytest.approx(TUNED[metric] - BASE[metric])
+    page = (tmp_path / "evaluation.html").read_text()
+    assert "<table>" in page and "fine-tuned" in page
+    for metric in rows:
+        assert f"<td>{metric}</td><td class='n'>{BASE[metric]:.4f}</td><td class='n'>{TUNED[metric]:.4f}</td>" in page
+    assert "2.0-8.0" in page and "\\n\\n&lt;x&gt;" in page  # answers, escaped, control characters shown
+
+
+def test_the_report_stage_runs_as_a_module():
+    result = subprocess.run([sys.executable, "-m", "videosft.report", "--help"], capture_output=True, text=True,
+                            timeout=60, cwd=PROJECT)
+    assert result.returncode == 0 and "--verify" in result.stdout and "--train" in result.stdout
+
+
+@pytest.mark.slow
+def test_snakemake_report_embeds_the_figures_after_a_full_run(tmp_path):
+    for name in ["Snakefile", "config.yaml", "workflow", "src", "data/README.md"]:
+        source, target = PROJECT / name, tmp_path / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if source.is_dir():
+            shutil.copytree(source, target, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+        else:
+            shutil.copy2(source, target)
+    env = {**os.environ, "PYTHONPATH": str(tmp_path / "src")}
+
+    def snakemake(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "snakemake", *args], cwd=tmp_path, env=env,
+                              capture_output=True, text=True, timeout=600)
+
+    result = snakemake("--cores", "2")
+    logs = "\n".join(f"--- {p}\n{p.read_text()[-2000:]}" for p in sorted((tmp_path / "logs").rglob("*.log")))
+    assert result.returncode == 0, result.stderr[-4000:] + logs
+    record = json.loads((tmp_path / "results/report/run_record.json").read_text())
+    assert record["status"] == "ok" and record["results"]["placeholders"] == [], record["results"]
+    assert (tmp_path / "logs/report/report.log").exists()
+
+    result = snakemake("--report", "report.html")
+    assert result.returncode == 0, result.stderr[-4000:]
+    page = (tmp_path / "report.html").read_text()
+    for name in [*(f"{figure}.png" for figure in FIGURES), "evaluation.html"]:
+        assert name in page, f"{name} is not in report.html"

@@ -1,0 +1,373 @@
+"""The pipeline submitted to a real Slurm cluster through workflow/profiles/slurm, and the
+multi-node torchrun launcher workflow/scripts/torchrun-slurm.sh.
+
+The cluster (munge, MariaDB, slurmdbd, slurmctld, slurmd from Debian's packages; see
+slurm_cluster.py) is started once for this module and always stopped at its end. Without the
+packages, and without root + apt-get to install them, the cluster tests are skipped with the
+reason; the launcher's own tests need no Slurm at all.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import slurm_cluster  # noqa: E402
+
+PROJECT = Path(__file__).resolve().parents[2]
+TRACKED = ["Snakefile", "config.yaml", "workflow", "src", "data/README.md"]
+LAUNCHER = PROJECT / "workflow" / "scripts" / "torchrun-slurm.sh"
+PROFILE = PROJECT / "workflow" / "profiles" / "slurm" / "config.yaml"
+# Each stage's run record; the records copy the SLURM_* environment of the process that wrote them.
+RECORDS = {
+    "demo": ["data/demo"],
+    "window": ["results/window"],
+    "preprocess_shard": ["results/preprocess/shards/0", "results/preprocess/shards/1"],
+    "preprocess": ["results/preprocess"],
+    "probe": ["results/probe"],
+    "train": ["results/train"],
+    "verify": ["results/verify"],
+}
+PIPELINE_TIMEOUT = 900
+
+# A tiny torch.distributed program: every rank adds rank + 1 with a gloo all-reduce.
+ALLREDUCE = """\
+import json, os, sys
+import torch
+import torch.distributed as dist
+
+dist.init_process_group("gloo")
+rank, world = dist.get_rank(), dist.get_world_size()
+value = torch.tensor([float(rank + 1)])
+dist.all_reduce(value)
+result = {"rank": rank, "world": world, "sum": value.item(), "group_rank": int(os.environ["GROUP_RANK"]),
+          "local_rank": int(os.environ["LOCAL_RANK"]), "slurm_nodeid": os.environ.get("SLURM_NODEID")}
+with open(os.path.join(sys.argv[1], f"rank{rank}.json"), "w") as handle:
+    json.dump(result, handle)
+dist.destroy_process_group()
+"""
+
+
+def run_bounded(command: list[str], *, timeout: float, **kwargs) -> subprocess.CompletedProcess:
+    """Run in a new session; past the timeout, TERM then KILL that session's process group."""
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               start_new_session=True, **kwargs)
+    try:
+        output, _ = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGTERM)
+        try:
+            output, _ = process.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            output, _ = process.communicate()
+        pytest.fail(f"`{' '.join(command)}` still running after {timeout} s:\n{output[-6000:]}")
+    return subprocess.CompletedProcess(command, process.returncode, output, "")
+
+
+def read_results(directory: Path) -> list[dict]:
+    return [json.loads(path.read_text()) for path in sorted(directory.glob("rank*.json"))]
+
+
+def free_port() -> int:
+    return slurm_cluster.free_port()
+
+
+# --- the launcher, without Slurm -----------------------------------------------------------------
+
+@pytest.fixture
+def fake_python(tmp_path) -> tuple[Path, Path]:
+    """A PATH with bash and hostname but no scontrol, and a PYTHON that prints its arguments."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for tool in ("bash", "hostname"):
+        (bin_dir / tool).symlink_to(shutil.which(tool))
+    python = bin_dir / "python"
+    python.write_text('#!/bin/sh\nprintf "%s\\n" "$@"\n')
+    python.chmod(0o755)
+    return bin_dir, python
+
+
+def launch_args(fake_python, slurm_env: dict, *args: str) -> subprocess.CompletedProcess:
+    bin_dir, python = fake_python
+    env = {"PATH": str(bin_dir), "PYTHON": str(python), **slurm_env}
+    return subprocess.run([str(LAUNCHER), *args], env=env, capture_output=True, text=True, timeout=30)
+
+
+def test_launcher_builds_the_rendezvous_from_slurm_variables(fake_python):
+    # As srun sets them in the third node's task of a 4-node job; no scontrol on the PATH, so the
+    # head node comes from the documented fallback expansion of the bracketed node list.
+    result = launch_args(fake_python, {"SLURM_JOB_ID": "123456", "SLURM_JOB_NUM_NODES": "4", "SLURM_NNODES": "4",
+                                       "SLURM_JOB_NODELIST": "gpu[07-09,12]", "SLURM_NODEID": "2"},
+                         "2", "-m", "videosft.train", "--config", "{}", "--out", "results/train")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split("\n")[:-1] == [
+        "-m", "torch.distributed.run", "--nnodes", "4", "--nproc-per-node", "2", "--rdzv-backend", "c10d",
+        "--rdzv-endpoint", "gpu07:32956", "--rdzv-id", "123456", "--rdzv-conf", "is_host=0",
+        "-m", "videosft.train", "--config", "{}", "--out", "results/train"]
+
+    # The step's node count and node list come first; MASTER_PORT overrides the derived port;
+    # node 0 hosts the store.
+    result = launch_args(fake_python, {"SLURM_JOB_ID": "7", "SLURM_JOB_NUM_NODES": "3", "SLURM_STEP_NUM_NODES": "2",
+                                       "SLURM_JOB_NODELIST": "a[1-3]", "SLURM_STEP_NODELIST": "a[2-3]",
+                                       "SLURM_NODEID": "0", "MASTER_PORT": "40001"}, "1", "prog.py")
+    assert result.returncode == 0, result.stderr
+    args = result.stdout.split()
+    assert args[args.index("--nnodes") + 1] == "2"
+    assert args[args.index("--rdzv-endpoint") + 1] == "a2:40001"
+    assert args[args.index("--rdzv-conf") + 1] == "is_host=1"
+
+
+@pytest.mark.parametrize("env, nproc, message", [
+    ({}, "2", "SLURM_JOB_ID is not set"),
+    ({"SLURM_JOB_ID": "1", "SLURM_JOB_NUM_NODES": "2", "SLURM_JOB_NODELIST": "n[1-2]"}, "2", "SLURM_NODEID is not set"),
+    ({"SLURM_JOB_ID": "1", "SLURM_JOB_NUM_NODES": "2", "SLURM_JOB_NODELIST": "n1", "SLURM_NODEID": "2"}, "2",
+     "not in 0..1"),
+    ({"SLURM_JOB_ID": "1", "SLURM_JOB_NUM_NODES": "1", "SLURM_JOB_NODELIST": "n1"}, "0", "positive integer"),
+])
+def test_launcher_refuses_an_incomplete_allocation(fake_python, env, nproc, message):
+    result = launch_args(fake_python, env, nproc, "-m", "videosft.train")
+    assert result.returncode == 2 and message in result.stderr, result.stderr
+
+
+def test_two_torchrun_agents_meet_through_the_launcher(tmp_path):
+    """Two 'nodes' on this machine: one agent each, as `srun --ntasks-per-node=1` would start them
+    (only the environment is Slurm's; the rendezvous, the agents and the all-reduce are real)."""
+    program = tmp_path / "allreduce.py"
+    program.write_text(ALLREDUCE)
+    out = tmp_path / "out"
+    out.mkdir()
+    host = "localhost"
+    common = {**os.environ, "PYTHON": sys.executable, "MASTER_PORT": str(free_port()), "OMP_NUM_THREADS": "1",
+              "SLURM_JOB_ID": "4242", "SLURM_JOBID": "4242", "SLURM_JOB_NUM_NODES": "2", "SLURM_NNODES": "2",
+              "SLURM_STEP_NUM_NODES": "2", "SLURM_NTASKS": "2", "SLURM_STEP_ID": "0", "SLURM_JOB_NODELIST": host,
+              "SLURM_NODELIST": host, "SLURM_STEP_NODELIST": host, "SLURM_LOCALID": "0"}
+    agents = [subprocess.Popen([str(LAUNCHER), "1", str(program), str(out)], cwd=tmp_path, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                               env={**common, "SLURM_NODEID": str(node), "SLURM_PROCID": str(node)})
+              for node in (1, 0)]  # the non-host agent first: it must wait for the store, not fail
+    outputs = []
+    deadline = time.monotonic() + 180
+    try:
+        for agent in agents:
+            output, _ = agent.communicate(timeout=max(1, deadline - time.monotonic()))
+            outputs.append(output)
+    finally:
+        for agent in agents:
+            if agent.poll() is None:
+                os.killpg(agent.pid, signal.SIGKILL)
+                agent.wait()
+    assert [agent.returncode for agent in agents] == [0, 0], "\n".join(outputs)
+    results = read_results(out)
+    assert [r["rank"] for r in results] == [0, 1], "\n".join(outputs)
+    assert all(r["world"] == 2 and r["sum"] == 3.0 and r["local_rank"] == 0 for r in results), results
+    assert sorted(r["group_rank"] for r in results) == [0, 1]
+    assert sorted(r["slurm_nodeid"] for r in results) == ["0", "1"]
+
+
+# --- a real cluster ------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    reason = slurm_cluster.ensure_installed()
+    if reason:
+        pytest.skip(reason)
+    reason = slurm_cluster.conf_in_the_way()
+    if reason:
+        pytest.skip(reason)
+    instance = slurm_cluster.SlurmCluster(tmp_path_factory.mktemp("slurm"))
+    try:
+        instance.start()
+        yield instance
+    finally:
+        instance.stop()
+
+
+def wait_for_jobs(cluster, job_ids, timeout: float = 60) -> dict[str, dict]:
+    """sacct's row per job once every job has one in a final state."""
+    deadline = time.monotonic() + timeout
+    while True:
+        rows = {row["JobID"]: row for row in cluster.sacct(job_ids, "JobID,State,ExitCode,Comment,Partition,Account")}
+        if set(rows) == set(map(str, job_ids)) and not any(r["State"] in ("PENDING", "RUNNING") for r in rows.values()):
+            return rows
+        if time.monotonic() > deadline:
+            raise AssertionError(f"sacct after {timeout} s: {rows}\n{cluster.logs()}")
+        time.sleep(1)
+
+
+def test_launcher_inside_a_real_allocation(cluster, tmp_path):
+    """srun starts the launcher in a real job: Slurm's own variables, scontrol for the head node."""
+    program = tmp_path / "allreduce.py"
+    program.write_text(ALLREDUCE)
+    out = tmp_path / "out"
+    out.mkdir()
+    env = {**os.environ, "PYTHON": sys.executable, "OMP_NUM_THREADS": "1"}
+    result = run_bounded(["sbatch", "--parsable", "-p", cluster.partition, "-A", cluster.account, "--nodes=1",
+                          "--ntasks-per-node=1", f"--cpus-per-task={cluster.cpus}", "--mem=2000", "-t", "5",
+                          f"--output={tmp_path / 'job.log'}", "--wrap",
+                          f"srun --ntasks-per-node=1 {LAUNCHER} 2 {program} {out}"],
+                         timeout=60, env=env, cwd=tmp_path)
+    assert result.returncode == 0, result.stdout
+    job_id = result.stdout.strip().split(";")[0]
+    rows = wait_for_jobs(cluster, [job_id], timeout=180)
+    log = (tmp_path / "job.log").read_text() if (tmp_path / "job.log").exists() else ""
+    assert rows[job_id]["State"] == "COMPLETED", log
+    assert f"node 0 of 1 on {cluster.host}, 2 processes, rendezvous {job_id} at {cluster.host}:" in log, log
+    results = read_results(out)
+    assert [(r["rank"], r["world"], r["sum"], r["group_rank"]) for r in results] == [(0, 2, 3.0, 0), (1, 2, 3.0, 0)]
+
+
+def copy_checkout(root: Path) -> Path:
+    for name in TRACKED:
+        source, target = PROJECT / name, root / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if source.is_dir():
+            shutil.copytree(source, target, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+        else:
+            shutil.copy2(source, target)
+    return root
+
+
+def test_profile_is_complete():
+    """The shipped profile: slurm executor, placeholders to replace, CPU-only data stages, GPUs for train."""
+    profile = yaml.safe_load(PROFILE.read_text())
+    assert profile["executor"] == "slurm" and profile["jobs"] > 0 and profile["latency-wait"] > 0
+    assert "CHANGE-ME" in profile["default-resources"]["slurm_partition"]
+    assert "CHANGE-ME" in profile["default-resources"]["slurm_account"]
+    resources = profile["set-resources"]
+    for rule in ("demo", "window", "preprocess_shard", "preprocess", "probe", "verify"):
+        assert {"cpus_per_task", "mem_mb", "runtime"} <= set(resources[rule]), rule
+        assert "gpu" not in resources[rule] and "gres" not in resources[rule], rule
+    train = resources["train"]
+    assert train["nproc"] == train["gpu"] and train["tasks_per_gpu"] == 0
+    assert {"cpus_per_gpu", "mem_mb", "runtime"} <= set(train)
+    assert profile["set-threads"]["train"] == train["gpu"] * train["cpus_per_gpu"]
+
+
+def test_profile_keys_are_options_snakemake_knows(tmp_path):
+    workdir = copy_checkout(tmp_path)
+    result = subprocess.run([sys.executable, "-m", "snakemake", "-n", "--workflow-profile", "workflow/profiles/slurm"],
+                            cwd=workdir, capture_output=True, text=True, timeout=180,
+                            env={**os.environ, "PYTHONPATH": str(workdir / "src")})
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output
+    assert "slurm_partition=CHANGE-ME-partition" in output and "gpu=2" in output, output
+
+
+def cluster_profile(cluster, workdir: Path) -> Path:
+    """The shipped profile with this cluster's partition and account, no GPUs, and what fits one node."""
+    profile = yaml.safe_load(PROFILE.read_text())
+    profile["default-resources"].update(slurm_partition=cluster.partition, slurm_account=cluster.account)
+    memory, cpus = cluster.memory_mb // 4, max(1, cluster.cpus // 2)
+    for rule, resources in profile["set-resources"].items():
+        resources["mem_mb"] = min(resources["mem_mb"], memory)
+        if "cpus_per_task" in resources:
+            resources["cpus_per_task"] = min(resources["cpus_per_task"], cpus)
+    profile["set-resources"]["train"]["gpu"] = 0  # no GPU here: the train job gets --cpus-per-task=threads
+    profile["set-threads"]["train"] = min(profile["set-threads"]["train"], cluster.cpus)
+    target = workdir / "workflow" / "profiles" / "slurm-test" / "config.yaml"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(yaml.safe_dump(profile, sort_keys=False))
+    return target.parent
+
+
+def snakemake_on_slurm(cluster, workdir: Path, *args: str) -> subprocess.CompletedProcess:
+    profile = cluster_profile(cluster, workdir)
+    env = {**os.environ, "PYTHONPATH": str(workdir / "src"), "OMP_NUM_THREADS": "1"}
+    return run_bounded([sys.executable, "-m", "snakemake", "--workflow-profile", str(profile),
+                        "--slurm-init-seconds-before-status-checks", "2", "--slurm-keep-successful-logs", *args],
+                       timeout=PIPELINE_TIMEOUT, cwd=workdir, env=env)
+
+
+def slurm_job_ids(output: str) -> dict[str, str]:
+    """Slurm job id -> rule: Snakemake's job headers ("rule X:" ... "jobid: N"), then the executor's
+    "Job N has been submitted with SLURM jobid M"."""
+    rule_of_job, rules, current = {}, {}, None
+    for line in output.splitlines():
+        if match := re.match(r"\s*(?:localrule|rule) (\w+):", line):
+            current = match.group(1)
+        elif match := re.match(r"\s*jobid: (\d+)", line):
+            rule_of_job[match.group(1)] = current
+        elif match := re.search(r"Job (\d+) has been submitted with SLURM jobid (\d+)", line):
+            rules[match.group(2)] = rule_of_job.get(match.group(1))
+    return rules
+
+
+@pytest.fixture(scope="module")
+def slurm_run(cluster, tmp_path_factory):
+    workdir = copy_checkout(tmp_path_factory.mktemp("slurm-checkout"))
+    started = time.monotonic()
+    result = snakemake_on_slurm(cluster, workdir)
+    logs = "\n".join(f"--- {p}\n{p.read_text(errors='replace')[-2000:]}"
+                     for p in sorted([*(workdir / "logs").rglob("*.log"), *(workdir / ".snakemake" / "slurm_logs").rglob("*.log")])
+                     if p.is_file())
+    assert result.returncode == 0, f"{result.stdout[-6000:]}\n{logs}\n{cluster.logs()}"
+    print(f"pipeline on Slurm: {time.monotonic() - started:.0f} s")
+    return workdir, result.stdout
+
+
+@pytest.mark.slow
+def test_every_stage_ran_as_its_own_slurm_job(cluster, slurm_run):
+    workdir, output = slurm_run
+    submitted = slurm_job_ids(output)  # Slurm job id -> rule, as the executor reported the submissions
+    records = {path.parent.relative_to(workdir).as_posix(): json.loads(path.read_text())
+               for top in ("data", "results") for path in sorted((workdir / top).rglob("run_record.json"))}
+    for rule, directories in RECORDS.items():
+        for directory in directories:
+            assert directory in records, f"{rule}: no {directory}/run_record.json"
+    job_of = {}
+    for directory, record in records.items():
+        assert record["status"] == "ok", (directory, record["status"])
+        job_id = record["env"].get("SLURM_JOB_ID")
+        assert job_id, f"{directory}/run_record.json: no SLURM_JOB_ID, the stage did not run under Slurm"
+        job_of[directory] = job_id
+    for rule, directories in RECORDS.items():
+        for directory in directories:
+            assert submitted.get(job_of[directory]) == rule, (directory, job_of[directory], submitted)
+    # One job per stage and per shard, and every job the run submitted wrote a record.
+    assert len(set(job_of.values())) == len(job_of) and set(job_of.values()) == set(submitted), (job_of, submitted)
+
+    rows = wait_for_jobs(cluster, job_of.values())
+    for directory, job_id in job_of.items():
+        row = rows[job_id]
+        assert row["State"] == "COMPLETED" and row["ExitCode"] == "0:0", (directory, row)
+        assert row["Comment"].startswith(f"rule_{submitted[job_id]}"), (directory, row)
+        assert row["Partition"] == cluster.partition and row["Account"] == cluster.account, row
+    train = records["results/train"]["results"]
+    assert train["world_size"] == 2
+    assert json.loads((workdir / "results/verify/verify.json").read_text())["ok"]
+
+
+@pytest.mark.slow
+def test_a_job_that_fails_on_the_cluster_fails_the_run(cluster, slurm_run, tmp_path_factory):
+    """A window job that fails at run time (a bad annotation line, no rejects allowed)."""
+    done, _ = slurm_run
+    workdir = copy_checkout(tmp_path_factory.mktemp("slurm-failing"))
+    bad = workdir / "bad" / "annotations.jsonl"
+    bad.parent.mkdir()
+    bad.write_text((done / "data/demo/annotations.jsonl").read_text() + "this line is not JSON\n")
+    (workdir / "bad" / "config.yaml").write_text(yaml.safe_dump({"data": {
+        "annotations": str(bad), "root": str(done / "data/demo/videos"), "max_reject_fraction": 0}}))
+    result = snakemake_on_slurm(cluster, workdir, "results/window/windows.parquet", "--configfile", "bad/config.yaml")
+    output = result.stdout
+    assert result.returncode != 0, output[-4000:]
+    assert "Error in rule window" in output, output[-4000:]
+    failed = re.findall(r"SLURM-job '(\d+)' failed", output)
+    assert len(failed) == 1, output[-4000:]
+    assert slurm_job_ids(output)[failed[0]] == "window"
+    row = wait_for_jobs(cluster, failed)[failed[0]]
+    assert row["State"] == "FAILED" and row["ExitCode"] != "0:0", row
+    assert row["Comment"].startswith("rule_window"), row
+    log = (workdir / "logs/window/window.log").read_text()
+    assert "this line is not JSON" in log or "rejected" in log, log
