@@ -40,3 +40,14 @@ def stage_json(stage):
 def output_dir(wildcards, output):
     """The stage's output directory: where its run record lands."""
     return str(Path(output.record).parent)
+
+
+TORCHRUN_SLURM = str(Path(workflow.basedir) / "workflow" / "scripts" / "torchrun-slurm.sh")
+
+
+def train_launcher(wildcards, threads, resources):
+    """torchrun on one node; with nodes > 1 one torchrun-slurm.sh agent per node, started by srun."""
+    if resources.nodes > 1:
+        return (f"srun --nodes={resources.nodes} --ntasks-per-node=1 --cpus-per-task={threads} "
+                f"--kill-on-bad-exit=1 {TORCHRUN_SLURM} {resources.nproc}")
+    return f"torchrun --standalone --nproc_per_node {resources.nproc}"

@@ -1,5 +1,6 @@
 rule train:
-    """LoRA under DeepSpeed ZeRO-3, one process per device (resource nproc, 2 by default)."""
+    """LoRA under DeepSpeed ZeRO-3, one process per device (resource nproc per node, 2 by default;
+    resource nodes > 1 launches through Slurm's srun, one torchrun agent per node)."""
     input:
         samples=rules.preprocess.output.manifest,
         probe=rules.probe.output.probe,
@@ -14,9 +15,11 @@ rule train:
         job="train",
         cfg=stage_json("train"),
         out=output_dir,
+        launch=train_launcher,
     threads: 2
     resources:
         nproc=2,
+        nodes=1,
     conda:
         ENV
     log:
@@ -25,5 +28,5 @@ rule train:
         "benchmarks/train/train.tsv"
     shell:
         "OMP_NUM_THREADS=$(( {threads} / {resources.nproc} > 0 ? {threads} / {resources.nproc} : 1 )) "
-        "torchrun --standalone --nproc_per_node {resources.nproc} -m videosft.train "
-        "--config {params.cfg:q} --code {input.code} --job {params.job} --after {input.after} --samples {input.samples} --probe {input.probe} --out {params.out} > {log} 2>&1"
+        "{params.launch} -m videosft.train --config {params.cfg:q} --code {input.code} --job {params.job} "
+        "--after {input.after} --samples {input.samples} --probe {input.probe} --out {params.out} > {log} 2>&1"
