@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -63,3 +64,25 @@ def run_torchrun(args: list[str], nproc: int = 2, timeout: int = 300, env: dict 
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", *args]
     environment = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
     return subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=environment, cwd=PROJECT)
+
+
+CHECKOUT = ["Snakefile", "config.yaml", "workflow", "src", "data/README.md"]
+
+
+def copy_checkout(root: Path) -> Path:
+    """The tracked workflow files in ``root``, as a fresh clone has them (nothing generated)."""
+    for name in CHECKOUT:
+        source, target = PROJECT / name, root / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if source.is_dir():
+            shutil.copytree(source, target, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+        else:
+            shutil.copy2(source, target)
+    return root
+
+
+def snakemake(workdir: Path, *args: str, timeout: int = 600) -> subprocess.CompletedProcess:
+    """Snakemake in a copied checkout; the copy's own src/ comes first, as its editable install would."""
+    env = {**os.environ, "PYTHONPATH": str(workdir / "src")}
+    return subprocess.run([sys.executable, "-m", "snakemake", *args], cwd=workdir, env=env,
+                          capture_output=True, text=True, timeout=timeout)

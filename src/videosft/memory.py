@@ -24,10 +24,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 GIB = 2**30
-# Forward + backward of one recomputed layer hold about twice its forward activations.
-BACKWARD_OVER_FORWARD = 2.0
-# Caching allocator: reserved memory over the live peak (fragmentation, rounding to blocks).
-RESERVED_OVER_ALLOCATED = 1.15
+# One recomputed layer's forward + backward working set over its forward activations (the
+# projections' outputs). Two would hold for plain attention layers; Qwen3.5's Gated-DeltaNet layers
+# in transformers' torch fallback keep fp32 chunk intermediates, and the slope of measured peaks
+# over sequence length on 2x H200 (Qwen3.5-4B, 64 and 128 frames, bench/RESULTS.md) gives 4.6.
+BACKWARD_OVER_FORWARD = 4.6
+# Caching allocator: reserved memory over the live peak (measured 1.085 and 1.094 in those runs).
+RESERVED_OVER_ALLOCATED = 1.09
 # fp32 logits upcast + their gradient, on top of the logits in the training precision.
 LOGIT_EXTRA_BYTES = 8
 

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import csv
 import json
-import os
-import shutil
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
@@ -15,7 +13,7 @@ from pathlib import Path
 import matplotlib.image
 import pytest
 
-from conftest import PROJECT, stage_json
+from conftest import PROJECT, copy_checkout, snakemake, stage_json
 from videosft import report
 
 FIGURES = report.FIGURES
@@ -224,27 +222,15 @@ def test_the_report_stage_runs_as_a_module():
 
 @pytest.mark.slow
 def test_snakemake_report_embeds_the_figures_after_a_full_run(tmp_path):
-    for name in ["Snakefile", "config.yaml", "workflow", "src", "data/README.md"]:
-        source, target = PROJECT / name, tmp_path / name
-        target.parent.mkdir(parents=True, exist_ok=True)
-        if source.is_dir():
-            shutil.copytree(source, target, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
-        else:
-            shutil.copy2(source, target)
-    env = {**os.environ, "PYTHONPATH": str(tmp_path / "src")}
-
-    def snakemake(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "snakemake", *args], cwd=tmp_path, env=env,
-                              capture_output=True, text=True, timeout=600)
-
-    result = snakemake("--cores", "2")
+    copy_checkout(tmp_path)
+    result = snakemake(tmp_path, "--cores", "2")
     logs = "\n".join(f"--- {p}\n{p.read_text()[-2000:]}" for p in sorted((tmp_path / "logs").rglob("*.log")))
     assert result.returncode == 0, result.stderr[-4000:] + logs
     record = json.loads((tmp_path / "results/report/run_record.json").read_text())
     assert record["status"] == "ok" and record["results"]["placeholders"] == [], record["results"]
     assert (tmp_path / "logs/report/report.log").exists()
 
-    result = snakemake("--report", "report.html")
+    result = snakemake(tmp_path, "--report", "report.html")
     assert result.returncode == 0, result.stderr[-4000:]
     page = (tmp_path / "report.html").read_text()
     for name in [*(f"{figure}.png" for figure in FIGURES), "evaluation.html"]:

@@ -24,9 +24,9 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import slurm_cluster  # noqa: E402
+from conftest import copy_checkout  # noqa: E402
 
 PROJECT = Path(__file__).resolve().parents[2]
-TRACKED = ["Snakefile", "config.yaml", "workflow", "src", "data/README.md"]
 LAUNCHER = PROJECT / "workflow" / "scripts" / "torchrun-slurm.sh"
 PROFILE = PROJECT / "workflow" / "profiles" / "slurm" / "config.yaml"
 # Each stage's run record; the records copy the SLURM_* environment of the process that wrote them.
@@ -226,17 +226,6 @@ def test_launcher_inside_a_real_allocation(cluster, tmp_path):
     assert f"node 0 of 1 on {cluster.host}, 2 processes, rendezvous {job_id} at {cluster.host}:" in log, log
     results = read_results(out)
     assert [(r["rank"], r["world"], r["sum"], r["group_rank"]) for r in results] == [(0, 2, 3.0, 0), (1, 2, 3.0, 0)]
-
-
-def copy_checkout(root: Path) -> Path:
-    for name in TRACKED:
-        source, target = PROJECT / name, root / name
-        target.parent.mkdir(parents=True, exist_ok=True)
-        if source.is_dir():
-            shutil.copytree(source, target, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
-        else:
-            shutil.copy2(source, target)
-    return root
 
 
 def test_profile_is_complete():

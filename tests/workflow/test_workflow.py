@@ -6,15 +6,15 @@ import hashlib
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from conftest import copy_checkout, snakemake
+
 PROJECT = Path(__file__).resolve().parents[2]
-TRACKED = ["Snakefile", "config.yaml", "workflow", "src", "data/README.md"]
 STAGES = {
     "demo": "data/demo",
     "window": "results/window",
@@ -24,13 +24,6 @@ STAGES = {
     "verify": "results/verify",
     "report": "results/report",
 }
-
-
-def snakemake(workdir: Path, *args: str, timeout: int = 600) -> subprocess.CompletedProcess:
-    # The copy's own src/ comes first, as a checkout's editable install would.
-    env = {**os.environ, "PYTHONPATH": str(workdir / "src")}
-    return subprocess.run([sys.executable, "-m", "snakemake", *args], cwd=workdir, env=env,
-                          capture_output=True, text=True, timeout=timeout)
 
 
 def planned_jobs(output: str) -> dict[str, int]:
@@ -44,16 +37,7 @@ def planned_jobs(output: str) -> dict[str, int]:
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory) -> Path:
     """A copy of the checkout, with nothing generated in it."""
-    root = tmp_path_factory.mktemp("checkout")
-    for name in TRACKED:
-        source = PROJECT / name
-        target = root / name
-        target.parent.mkdir(parents=True, exist_ok=True)
-        if source.is_dir():
-            shutil.copytree(source, target, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
-        else:
-            shutil.copy2(source, target)
-    return root
+    return copy_checkout(tmp_path_factory.mktemp("checkout"))
 
 
 def test_lint_is_clean():
