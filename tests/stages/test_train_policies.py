@@ -141,3 +141,38 @@ def test_a_dead_rank_fails_the_run_promptly(prepared, demo_config, tmp_path):
     assert process.returncode != 0
     assert "rank      : 1" in output or "local_rank: 1" in output, output[-3000:]
     assert not (out / "adapter").exists()
+
+
+def test_two_nodes_through_the_slurm_launcher_train_like_one_node(prepared, demo_config, tmp_path):
+    """The multi-node path for real on one machine: two torchrun agents (one process each) meeting
+    through workflow/scripts/torchrun-slurm.sh, as `srun --ntasks-per-node=1` starts them, give the
+    adapter that one agent with two processes gives, bit for bit."""
+    import socket
+
+    samples = prepared / "preprocess" / "manifest.json"
+    single = tmp_path / "single"
+    run_torchrun(train_args(demo_config, samples, prepared, single))
+
+    with socket.socket() as probe_socket:
+        probe_socket.bind(("127.0.0.1", 0))
+        port = probe_socket.getsockname()[1]
+    nodes = tmp_path / "nodes"
+    common = {**os.environ, "PYTHON": sys.executable, "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1",
+              "SLURM_JOB_ID": "777", "SLURM_JOB_NUM_NODES": "2", "SLURM_NNODES": "2", "SLURM_STEP_NUM_NODES": "2",
+              "SLURM_JOB_NODELIST": "localhost", "SLURM_STEP_NODELIST": "localhost"}
+    launcher = PROJECT / "workflow" / "scripts" / "torchrun-slurm.sh"
+    agents = [subprocess.Popen([str(launcher), "1", *train_args(demo_config, samples, prepared, nodes)], cwd=PROJECT,
+                               env={**common, "SLURM_NODEID": str(node), "SLURM_PROCID": str(node)},
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+              for node in (1, 0)]
+    try:
+        outputs = [agent.communicate(timeout=300)[0] for agent in agents]
+    finally:
+        for agent in agents:
+            kill_tree(agent)
+    results = record_of(nodes)["results"]
+    assert results["world_size"] == 2, outputs
+    ours = load_file(nodes / "adapter" / "adapter_model.safetensors")
+    theirs = load_file(single / "adapter" / "adapter_model.safetensors")
+    assert ours.keys() == theirs.keys() and all(ours[k].equal(theirs[k]) for k in ours)
+    assert results["losses_rank0"] == record_of(single)["results"]["losses_rank0"]
