@@ -67,6 +67,7 @@ params = [p for p in model.parameters() if p.requires_grad]
 engine, *_ = deepspeed.initialize(model=model, optimizer=torch.optim.AdamW(params, lr=2e-4), config=ds,
                                   model_parameters=params, dist_init_required=False)
 rows = sorted(read_samples(manifest, "train"), key=lambda r: r["window_id"])
+engine.train()  # from_pretrained returns eval mode, where gradient checkpointing is off
 log = open(out / f"steps.rank{rank}.jsonl", "w")
 for step in range(steps):
     row = rows[(step * world + rank) % len(rows)]

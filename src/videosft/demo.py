@@ -12,13 +12,12 @@ processor, saved as a sharded safetensors checkpoint with an index, like a publi
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
 
 from . import config as config_lib
-from .provenance import run_record, stage_parser, write_json
+from .provenance import exit_after, run_record, stage_parser, write_json
 
 QUERY = "the red ball"
 SPECIAL_TOKENS = [
@@ -236,4 +235,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_after(main)

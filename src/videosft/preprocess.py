@@ -25,7 +25,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import sys
 import time
 from collections import Counter, defaultdict
 from pathlib import Path
@@ -37,7 +36,7 @@ import pyarrow.parquet as pq
 from . import config as config_lib
 from .budget import Budget, resolve_budget
 from .chat import assistant_labels, messages, prompt_timestamps, render_answer
-from .provenance import run_record, stage_parser, sha256_file, write_json
+from .provenance import exit_after, run_record, sha256_file, stage_parser, write_json
 from .rejects import Rejects, TooManyRejects
 from .video import Clip, VideoFile
 from .window import resolve_video
@@ -425,4 +424,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_after(main)

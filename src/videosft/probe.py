@@ -23,7 +23,7 @@ from .keymap import CheckpointError, build_meta_model, map_checkpoint, read_chec
 from .lora import coverage
 from .memory import SampleFacts, flowchart, largest_frames, model_facts, plan_peak
 from .preprocess import read_samples
-from .provenance import run_record, stage_parser, write_json
+from .provenance import exit_after, run_record, stage_parser, write_json
 
 
 def config_dtype(model) -> str | None:
@@ -165,4 +165,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_after(main)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import ast
 import contextlib
+import gc
 import datetime as dt
 import hashlib
 import importlib.metadata
@@ -149,6 +150,15 @@ def check_environment(record: dict, upstream: list[str] | None) -> None:
 def _same_file(value):
     """Interpreter paths compare by the file they name (torchrun starts `python3.11` for `python`)."""
     return os.path.realpath(value) if isinstance(value, str) and os.path.isabs(value) else value
+
+
+def exit_after(main) -> None:
+    """Run a stage's ``main`` as the process and exit with its code, skipping the interpreter's
+    final garbage collection of the large import graph (torch, transformers): about 1.3 s of every
+    stage process (bench/RESULTS.md). Only for `python -m videosft.<stage>`, never in-process."""
+    code = main()
+    gc.freeze()
+    sys.exit(code)
 
 
 def stage_parser(doc: str | None) -> argparse.ArgumentParser:

@@ -25,7 +25,6 @@ import csv
 import html
 import json
 import math
-import sys
 import traceback
 from collections import Counter
 from dataclasses import dataclass, field
@@ -39,7 +38,7 @@ from matplotlib.figure import Figure  # figures without pyplot: no global state,
 
 from . import config as config_lib
 from .preprocess import read_metadata, read_samples, sample_files
-from .provenance import run_record, stage_parser
+from .provenance import exit_after, run_record, stage_parser
 
 matplotlib.use("Agg")  # files only; never a display
 
@@ -677,4 +676,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_after(main)

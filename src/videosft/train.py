@@ -23,7 +23,6 @@ import os
 import random
 import resource
 import shutil
-import sys
 import time
 from pathlib import Path
 
@@ -35,7 +34,7 @@ from .keymap import load_checkpoint, logical_shape, model_class
 from .lora import target_module_names
 from .memory import ModelFacts, SampleFacts, plan_peak
 from .preprocess import read_samples
-from .provenance import run_record, stage_parser
+from .provenance import exit_after, run_record, stage_parser
 from .sampling import Cursor, DataError, check_every_rank_has_a_batch, check_ledgers, epoch_plan
 
 ADAPTER_FILES = {"adapter_model.safetensors", "adapter_config.json", "README.md"}
@@ -484,4 +483,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_after(main)

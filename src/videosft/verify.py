@@ -14,7 +14,6 @@ well-formed, unparseable and degenerate answers), in ``verify.json`` and as a ta
 
 from __future__ import annotations
 
-import sys
 import time
 from pathlib import Path
 
@@ -24,7 +23,7 @@ from .evaluate import evaluate
 from .evaluate import table as evaluation_table
 from .keymap import model_class
 from .preprocess import read_samples
-from .provenance import run_record, stage_parser, write_json
+from .provenance import exit_after, run_record, stage_parser, write_json
 from .train import ADAPTER_FILES, WORKFLOW_MARKERS, collate
 
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
@@ -146,4 +145,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_after(main)

@@ -14,7 +14,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import sys
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,7 +22,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from . import config as config_lib
-from .provenance import run_record, stage_parser, write_json
+from .provenance import exit_after, run_record, stage_parser, write_json
 from .rejects import Rejects
 from .video import VideoFile
 
@@ -314,4 +313,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_after(main)
