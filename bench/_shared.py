@@ -160,3 +160,21 @@ def child_env(**extra: str) -> dict:
     env = dict(os.environ)
     env.update(extra)
     return env
+
+
+def publish(opts, section: str, text: str) -> None:
+    """Print the results and, unless --no-results, rewrite this benchmark's section of RESULTS.md."""
+    print()
+    print(text)
+    if not opts.no_results:
+        update_section(opts.results, section, text)
+        print(f"updated {opts.results}")
+
+
+def add_common_arguments(parser, results: Path) -> None:
+    """The options every benchmark script takes: waiting for quiet, scratch and results handling."""
+    parser.add_argument("--wait-idle", type=float, default=0.0, metavar="S",
+                        help="before each measurement wait up to S seconds for other processes to go quiet")
+    parser.add_argument("--keep", action="store_true", help="keep the temporary scratch directory")
+    parser.add_argument("--results", type=Path, default=results, help="results file to update")
+    parser.add_argument("--no-results", action="store_true", help="print only; leave the results file alone")

@@ -39,8 +39,8 @@ import time
 import zipfile
 from pathlib import Path
 
-from _shared import (QUIET, WAIT_IDLE, child_env, command_line, git_commit, machine, median, other_load, quiet,
-                     table, timed, today, update_section, used)
+from _shared import (add_common_arguments, QUIET, WAIT_IDLE, child_env, command_line, git_commit, machine, median, other_load, quiet,
+                     publish, table, timed, today, used)
 
 BENCH = Path(__file__).resolve().parent
 SECTION = "bench/decoders.py"
@@ -507,12 +507,8 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=5, help="speed rounds, decoders interleaved (default 5)")
     parser.add_argument("--inner", type=int, default=2, help="measurements per video in each round (default 2)")
     parser.add_argument("--batch", type=int, default=32, help="frames per get_batch (default 32)")
-    parser.add_argument("--wait-idle", type=float, default=0.0, metavar="S",
-                        help="before each measurement wait up to S seconds for other processes to go quiet")
     parser.add_argument("--workdir", type=Path, help="scratch directory to use and keep")
-    parser.add_argument("--keep", action="store_true", help="keep the temporary scratch directory")
-    parser.add_argument("--results", type=Path, default=BENCH / "RESULTS.md", help="results file to update")
-    parser.add_argument("--no-results", action="store_true", help="print only; leave the results file alone")
+    add_common_arguments(parser, BENCH / "RESULTS.md")
     opts = parser.parse_args()
     WAIT_IDLE["seconds"] = opts.wait_idle
 
@@ -574,12 +570,7 @@ def main() -> int:
                 speeds[engine].append({**json.loads(out.read_text()), "other": run["other"]})
             print(f"  round {round_}: other load up to {max(loads[-3:]):.2f} CPUs")
 
-        text = report(opts, videos, clips, probes, speeds, loads, facts)
-        print()
-        print(text)
-        if not opts.no_results:
-            update_section(opts.results, SECTION, text)
-            print(f"updated {opts.results}")
+        publish(opts, SECTION, report(opts, videos, clips, probes, speeds, loads, facts))
     finally:
         if not opts.workdir and not opts.keep:
             shutil.rmtree(work, ignore_errors=True)

@@ -49,8 +49,8 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-from _shared import (PROJECT, QUIET, WAIT_IDLE, busy_seconds, child_env, command_line, git_commit, machine, median,
-                     one_cpu, other_load, own_cpu_seconds, quiet, spread, table, timed, today, update_section, used,
+from _shared import (add_common_arguments, PROJECT, QUIET, WAIT_IDLE, busy_seconds, child_env, command_line, git_commit, machine, median,
+                     one_cpu, other_load, own_cpu_seconds, publish, quiet, spread, table, timed, today, used,
                      wait_for_quiet)
 
 BENCH = Path(__file__).resolve().parent
@@ -589,12 +589,8 @@ def main() -> int:
     parser.add_argument("--snakemake-max-repeats", type=int, default=4,
                         help="more runs, up to this many, until each --cores setting has a quiet run (default 4)")
     parser.add_argument("--no-snakemake", action="store_true", help="skip the Snakemake scaling runs")
-    parser.add_argument("--wait-idle", type=float, default=0.0, metavar="S",
-                        help="before each measurement wait up to S seconds for other processes to go quiet")
     parser.add_argument("--workdir", type=Path, help="scratch directory to use and keep; its data is reused if it matches")
-    parser.add_argument("--keep", action="store_true", help="keep the temporary scratch directory")
-    parser.add_argument("--results", type=Path, default=BENCH / "RESULTS.md", help="results file to update")
-    parser.add_argument("--no-results", action="store_true", help="print only; leave the results file alone")
+    add_common_arguments(parser, BENCH / "RESULTS.md")
     opts = parser.parse_args()
     WAIT_IDLE["seconds"] = opts.wait_idle
 
@@ -613,12 +609,7 @@ def main() -> int:
         if not opts.no_snakemake:
             print("scaling: snakemake --cores 1 / 2")
             scale = scaling(work, info, opts)
-        text = report(opts, info, core, scale, versions())
-        print()
-        print(text)
-        if not opts.no_results:
-            update_section(opts.results, SECTION, text)
-            print(f"updated {opts.results}")
+        publish(opts, SECTION, report(opts, info, core, scale, versions()))
     finally:
         if not opts.workdir and not opts.keep:
             shutil.rmtree(work, ignore_errors=True)
