@@ -331,13 +331,7 @@ def require_video(batch_rows: list[dict], rank: int) -> None:
 
 def lora_unchanged(model, initial: dict) -> list[str]:
     current = gathered_lora_state(model)
-    return [name for name, value in current.items() if torch_equal(value, initial[name])]
-
-
-def torch_equal(a, b) -> bool:
-    import torch
-
-    return bool(torch.equal(a, b))
+    return [name for name, value in current.items() if value.equal(initial[name])]
 
 
 def memory_comparison(probe: dict, rows: list[dict], world: int, ds_config: dict, precision: str,
