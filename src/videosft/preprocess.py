@@ -26,7 +26,7 @@ import dataclasses
 import hashlib
 import json
 import time
-from collections import Counter, defaultdict
+from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
@@ -37,7 +37,7 @@ from . import config as config_lib
 from .budget import Budget, resolve_budget
 from .chat import assistant_labels, messages, prompt_timestamps, render_answer
 from .provenance import exit_after, run_record, sha256_file, stage_parser, write_json
-from .rejects import Rejects, TooManyRejects
+from .rejects import Rejects
 from .video import Clip, VideoFile
 from .window import resolve_video
 
@@ -350,7 +350,6 @@ def gather(shard_dirs: list[Path], out_dir: Path, cfg: dict, record: dict) -> No
     files: dict[str, list[str]] = defaultdict(list)
     counts: dict[str, int] = defaultdict(int)
     facts: dict[str, list] = defaultdict(list)
-    reject_lines = []
     for directory, summary in zip(shard_dirs, summaries):
         for split, names in summary["files"].items():
             files[split] += [str((directory / name).resolve().relative_to(out_dir.resolve())) for name in names]
@@ -358,30 +357,24 @@ def gather(shard_dirs: list[Path], out_dir: Path, cfg: dict, record: dict) -> No
             counts[split] += count
         for key, values in summary["facts"].items():
             facts[key] += values
-        reject_lines += (directory / "rejects.jsonl").read_text().splitlines()
-    (out_dir / "rejects.jsonl").write_text("".join(line + "\n" for line in reject_lines))
+    rejects = Rejects.merged(out_dir / "rejects.jsonl", [directory / "rejects.jsonl" for directory in shard_dirs])
     windows = sum(summary["windows"] for summary in summaries)
     budget = summaries[0]["budget"]
     record["results"] = {
-        "windows": windows, "samples": dict(counts), "rejects": len(reject_lines),
-        "rejects_by_reason": dict(Counter(json.loads(line)["reason"] for line in reject_lines)),
+        "windows": windows, "samples": dict(counts), "rejects": len(rejects),
+        "rejects_by_reason": rejects.summary()["by_reason"],
         "budget": budget, "geometry": summaries[0]["geometry"], "shards": len(shard_dirs),
         **{key: summarize(values) for key, values in facts.items()},
     }
     results = record["results"]
     print(
         f"preprocess: {sum(counts.values())} samples ({dict(counts)}) from {windows} windows in {len(shard_dirs)} "
-        f"shards, {len(reject_lines)} rejected; frames {results.get('frames')}, visual tokens "
+        f"shards, {len(rejects)} rejected; frames {results.get('frames')}, visual tokens "
         f"{results.get('visual_tokens')}, input tokens {results.get('input_tokens')}, supervised "
         f"{results.get('supervised_tokens')}; budget {budget['min_tokens']}-{budget['max_tokens']} tokens per frame "
         f"pair ({budget['max_tokens_from']})"
     )
-    if windows and len(reject_lines) / windows > cfg["data"]["max_reject_fraction"]:
-        listing = "\n".join(f"  {json.loads(line)['where']}: {json.loads(line)['error']}" for line in reject_lines[:20])
-        raise TooManyRejects(
-            f"{len(reject_lines)} of {windows} windows rejected (limit data.max_reject_fraction="
-            f"{cfg['data']['max_reject_fraction']}); see {out_dir / 'rejects.jsonl'}:\n{listing}"
-        )
+    rejects.check(cfg["data"]["max_reject_fraction"], total=windows, what="windows")
     for split in ("train", "val"):
         if not counts.get(split):
             raise ValueError(f"no {split} samples were produced; check the window split and the rejects")

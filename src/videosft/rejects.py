@@ -24,6 +24,14 @@ class Rejects:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.path.write_text("")
 
+    @classmethod
+    def merged(cls, path: Path, sources: list[Path]) -> "Rejects":
+        """One list from several stages' (or shards') rejects files, written to ``path``."""
+        rejects = cls(path)
+        rejects.items = [json.loads(line) for source in sources for line in Path(source).read_text().splitlines()]
+        rejects.path.write_text("".join(json.dumps(item, default=str) + "\n" for item in rejects.items))
+        return rejects
+
     def add(self, where: str, error: BaseException | str, **extra) -> None:
         reason = type(error).__name__ if isinstance(error, BaseException) else "rejected"
         item = {"where": where, "reason": reason, "error": str(error), **extra}
