@@ -162,3 +162,31 @@ def test_an_interrupted_stage_is_found_and_rerun_with_rerun_incomplete(full_run)
     assert snakemake(full_run, "--unlock").returncode == 0
     assert snakemake(full_run, "--cores", "2", "--rerun-incomplete").returncode == 0
     assert planned_jobs(snakemake(full_run, "-n").stdout) == {}
+
+
+def test_keep_going_finishes_the_independent_jobs_when_one_is_killed(full_run):
+    """One preprocess shard dies (as under the OOM killer); --keep-going still finishes the other."""
+    import time
+
+    env = {**os.environ, "PYTHONPATH": str(full_run / "src")}
+    manifest = full_run / "results/preprocess/manifest.json"
+    gathered = manifest.stat().st_mtime_ns
+    process = subprocess.Popen([sys.executable, "-m", "snakemake", "--cores", "1", "--keep-going",
+                                "--forcerun", "preprocess_shard", "--until", "preprocess"],
+                               cwd=full_run, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    pattern = "videosft.preprocess .*--shard 0 .*--out results/preprocess/shards/0"
+    deadline = time.time() + 120
+    killed = False
+    while time.time() < deadline and process.poll() is None and not killed:
+        killed = subprocess.run(["pkill", "-9", "-f", pattern], check=False).returncode == 0
+        time.sleep(0.05)
+    output, _ = process.communicate(timeout=300)
+    assert killed, "shard 0 never started\n" + output[-3000:]
+    assert process.returncode != 0 and "Error in rule preprocess_shard" in output, output[-3000:]
+    shard_1 = json.loads((full_run / "results/preprocess/shards/1/run_record.json").read_text())
+    assert shard_1["status"] == "ok" and shard_1["results"]["shard"] == 1
+    assert not (full_run / "results/preprocess/shards/0").exists(), "the killed shard left its output behind"
+    assert manifest.stat().st_mtime_ns == gathered, "the gather ran without one of its shards"
+    # what is left is the killed shard and everything after it, not the shard that finished
+    assert planned_jobs(snakemake(full_run, "-n").stdout) == {
+        "preprocess_shard": 1, "preprocess": 1, "probe": 1, "train": 1, "verify": 1, "report": 1, "all": 1}
