@@ -19,7 +19,7 @@ SCHEMA_PATH = PROJECT_DIR / "workflow" / "schemas" / "config.schema.yaml"
 # Which config sections each stage reads. Editing a section reruns exactly these stages
 # (and, through their outputs, the stages after them).
 STAGE_SECTIONS = {
-    "demo": ["demo"],
+    "demo": ["demo", "prompt:system"],  # the system line is also the pretraining's (demo.pretrain)
     "window": ["data", "window"],
     "preprocess": ["data", "model", "video", "prompt", "preprocess"],
     # the memory plan needs only what shapes the peak, so changing e.g. train.steps keeps the probe
