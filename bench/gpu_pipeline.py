@@ -84,11 +84,13 @@ class SyntheticVideo:
         self.fps = fps
 
     def clip(self, start: float, end: float, budget, patch_size: int, merge_size: int, temporal_patch_size: int) -> Clip:
+        import torch
+
         total = int(round((end - start) * self.fps))
         frame_plan = plan(total, self.fps, FRAME_SIDE, FRAME_SIDE, budget, patch_size, merge_size, temporal_patch_size)
         picks = np.linspace(0, total - 1, frame_plan.frames).round().astype(int)
-        frames = self.rng.integers(0, 255, (frame_plan.frames, frame_plan.height, frame_plan.width, 3), dtype=np.uint8)
-        return Clip(frames, picks.tolist(), (picks / self.fps).tolist(), frame_plan, FRAME_SIDE, FRAME_SIDE)
+        frames = self.rng.integers(0, 255, (frame_plan.frames, 3, frame_plan.height, frame_plan.width), dtype=np.uint8)
+        return Clip(torch.from_numpy(frames), picks.tolist(), (picks / self.fps).tolist(), frame_plan, FRAME_SIDE, FRAME_SIDE)
 
 
 def build_samples(cfg: dict, out: Path, windows: int, seconds: float, ranges: int) -> dict:

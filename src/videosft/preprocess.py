@@ -23,7 +23,6 @@ files of bounded size holding everything the trainer needs (it never decodes vid
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import time
 from collections import defaultdict
@@ -117,9 +116,16 @@ def encode(processor, clip: Clip, text: str):
     )
 
 
-def expected_markers(local_times: list[float], temporal_patch_size: int) -> list[float]:
+def frame_pair_times(local_times: list[float], temporal_patch_size: int) -> list[float]:
+    """Mean time of each group of frames the model sees as one (unrounded)."""
     pairs = [local_times[i:i + temporal_patch_size] for i in range(0, len(local_times), temporal_patch_size)]
-    return [round(sum(p) / len(p), 1) for p in pairs]
+    return [sum(p) / len(p) for p in pairs]
+
+
+# A <t seconds> marker is its pair's time rounded to 0.1 s (from millisecond frame indices): within
+# half a step of the true time. Comparing with the true time, not with our own rounding of it, keeps
+# a tie such as 8.15 (written 8.1 or 8.2 depending on float error) from failing a right sample.
+MARKER_TOLERANCE = 0.05 + 0.001
 
 
 def encode_window(window: dict, video: VideoFile, processor, cfg: dict, budget: Budget, geometry: dict):
@@ -141,9 +147,10 @@ def encode_window(window: dict, video: VideoFile, processor, cfg: dict, budget: 
     if visual_tokens != clip.plan.visual_tokens:
         raise SampleError(f"{visual_tokens} video tokens in the prompt, grid implies {clip.plan.visual_tokens}")
     markers = prompt_timestamps(processor.tokenizer.decode(input_ids))
-    expected = expected_markers(clip.local_times, geometry["temporal_patch_size"])
-    if len(markers) != len(expected) or any(abs(a - b) > 0.051 for a, b in zip(markers, expected)):
-        raise SampleError(f"prompt frame times {markers} differ from the window's frame times {expected}")
+    expected = frame_pair_times(clip.local_times, geometry["temporal_patch_size"])
+    if len(markers) != len(expected) or any(abs(a - b) > MARKER_TOLERANCE for a, b in zip(markers, expected)):
+        raise SampleError(f"prompt frame times {markers} differ from the window's frame times "
+                          f"{[round(t, 3) for t in expected]}")
     return clip, encoded, input_ids, grid, visual_tokens, answer, decode_seconds
 
 
@@ -209,6 +216,18 @@ def build_sample(window: dict, video: VideoFile, processor, cfg: dict, budget: B
     }
 
 
+# The pixel column is most of every file: dictionary encoding and min/max statistics of
+# megabyte-sized unique blobs cost time and buy nothing, and zstd level 1 writes it about as fast
+# as no compression and smaller than the default snappy (bench/preprocess.py).
+_SMALL_COLUMNS = [name for name in SAMPLE_SCHEMA.names if name != "pixel_values"]
+PARQUET_OPTIONS = {
+    "use_dictionary": _SMALL_COLUMNS,
+    "write_statistics": _SMALL_COLUMNS,
+    "compression": {**dict.fromkeys(_SMALL_COLUMNS, "snappy"), "pixel_values": "zstd"},
+    "compression_level": {"pixel_values": 1},
+}
+
+
 class ShardWriter:
     """Streams samples into ``<split>-NNNNN.parquet`` files of bounded size, in small row groups.
 
@@ -242,7 +261,7 @@ class ShardWriter:
         if split not in self.open:
             final = self.out_dir / f"{split}-{len(self.files[split]):05d}.parquet"
             tmp = final.with_name(f".{final.name}.tmp")
-            self.open[split] = (pq.ParquetWriter(tmp, self.schema), tmp, final)
+            self.open[split] = (pq.ParquetWriter(tmp, self.schema, **PARQUET_OPTIONS), tmp, final)
         self.open[split][0].write_table(pa.Table.from_pylist(self.pending[split], schema=self.schema))
         self.pending[split] = []
 
@@ -282,9 +301,21 @@ def summarize(values: list[float]) -> dict:
     return {"min": float(array.min()), "mean": float(array.mean()), "max": float(array.max())}
 
 
-def shard_of(video: str, shards: int) -> int:
-    """The shard a video's windows go to: all windows of one video in one shard (one decoder)."""
-    return int(hashlib.sha256(video.encode()).hexdigest(), 16) % shards
+def video_shards(windows: list[dict], shards: int) -> dict[str, int]:
+    """The shard each video's windows go to: all of one video in one shard (one decoder open).
+
+    Videos, most windows first, each to the shard with the fewest windows so far, so that shards
+    finish together; every shard process computes the same assignment from the same windows.
+    """
+    counts: dict[str, int] = defaultdict(int)
+    for window in windows:
+        counts[window["video"]] += 1
+    load = [0] * shards
+    assignment = {}
+    for video in sorted(counts, key=lambda name: (-counts[name], name)):
+        assignment[video] = load.index(min(load))
+        load[assignment[video]] += counts[video]
+    return assignment
 
 
 def run_shard(windows_path: Path, out_dir: Path, cfg: dict, shard: int, shards: int, record: dict) -> None:
@@ -305,7 +336,9 @@ def run_shard(windows_path: Path, out_dir: Path, cfg: dict, shard: int, shards: 
         "max_length": cfg["data"]["max_length"],
     }
     writer = ShardWriter(out_dir, metadata, int(cfg["preprocess"]["shard_mb"] * 2**20))
-    windows = [w for w in pq.read_table(windows_path).to_pylist() if shard_of(w["video"], shards) == shard]
+    windows = pq.read_table(windows_path).to_pylist()
+    assignment = video_shards(windows, shards)
+    windows = [w for w in windows if assignment[w["video"]] == shard]
     by_video: dict[str, list[dict]] = defaultdict(list)
     for window in windows:
         by_video[window["video"]].append(window)

@@ -14,7 +14,7 @@ from .budget import Budget, Plan, plan
 class Clip:
     """The frames of one window, with the times the model is told (seconds from window start)."""
 
-    frames: np.ndarray  # (T, H, W, 3) uint8, already resized to the plan
+    frames: object  # torch uint8 (T, 3, H, W), resized to the plan: channels first, as the processor works
     frame_indices: list[int]  # indices into the source video
     local_times: list[float]  # container timestamps minus the window start
     plan: Plan
@@ -66,7 +66,7 @@ class VideoFile:
             tensor = tvf.resize(tensor, [frame_plan.height, frame_plan.width],
                                 interpolation=tvf.InterpolationMode.BICUBIC, antialias=True)
         return Clip(
-            frames=tensor.permute(0, 2, 3, 1).contiguous().numpy(),
+            frames=tensor,
             frame_indices=indices.tolist(),
             local_times=[float(t - start) for t in self.timestamps[indices]],
             plan=frame_plan,

@@ -126,3 +126,41 @@ def test_the_trainer_refuses_an_unknown_schema_version(prepared, tmp_path):
     pq.write_table(pa.table({"x": [1]}), plain)
     with pytest.raises(ValueError, match="not written by the preprocess stage"):
         preprocess.read_metadata(plain)
+
+
+def test_shards_keep_a_video_together_and_balance_the_windows():
+    rng = np.random.default_rng(0)
+    windows = [{"video": f"v{v:03d}.mp4"} for v in range(40) for _ in range(int(rng.integers(1, 30)))]
+    assignment = preprocess.video_shards(windows, 3)
+    load = [sum(assignment[w["video"]] == shard for w in windows) for shard in range(3)]
+    assert sum(load) == len(windows) and max(load) - min(load) <= 2  # 40 videos of 1-29 windows
+    shuffled = [windows[i] for i in rng.permutation(len(windows))]
+    assert preprocess.video_shards(shuffled, 3) == assignment  # every shard process agrees
+
+
+def test_a_marker_rounded_at_a_tie_is_not_taken_for_a_clock_error(demo_dir):
+    """144 of 960 frames at 30 fps: pair 18's mean time is 8.15 s, which the processor writes as 8.1."""
+    import torch
+    from transformers import AutoProcessor
+
+    from videosft import config as config_lib
+    from videosft.budget import plan, resolve_budget
+    from videosft.video import Clip
+
+    processor = AutoProcessor.from_pretrained(demo_dir / "model")
+    geometry = preprocess.processor_geometry(processor)
+    cfg = config_lib.resolve({"video": {"fps": 4.5, "max_frames": 144, "max_tokens": 4}})
+    budget = resolve_budget(cfg["video"], environ={})
+
+    class Video:
+        def clip(self, start, end, budget, patch_size, merge_size, temporal_patch_size):
+            frame_plan = plan(960, 30.0, 64, 64, budget, patch_size, merge_size, temporal_patch_size)
+            picks = np.linspace(0, 959, frame_plan.frames).round().astype(int)
+            frames = torch.zeros((frame_plan.frames, 3, frame_plan.height, frame_plan.width), dtype=torch.uint8)
+            return Clip(frames, picks.tolist(), (picks / 30.0).tolist(), frame_plan, 64, 64)
+
+    window = {"window_start": 0.0, "window_end": 32.0, "keep_local": [[8.0, 9.0]], "query": "the red ball"}
+    clip, _, input_ids, *_ = preprocess.encode_window(window, Video(), processor, cfg, budget, geometry)
+    assert len(clip.frame_indices) == 144
+    markers = prompt_timestamps(processor.tokenizer.decode(input_ids))
+    assert markers[18] == 8.1 and preprocess.frame_pair_times(clip.local_times, 2)[18] == pytest.approx(8.15)
