@@ -16,11 +16,13 @@ activations that grow with the sample), extended to ZeRO-3, LoRA and video:
 * allocator slack: reserved = allocated x ``RESERVED_OVER_ALLOCATED``.
 
 Coefficients that cannot be derived exactly (the working-set multipliers) are named constants,
-calibrated against measured peaks (bench/RESULTS.md).
+calibrated against measured peaks (bench/RESULTS.md), one pair per Gated-DeltaNet implementation
+(transformers' torch fallback or flash-linear-attention's kernels, see ``videosft.kernels``).
 """
 
 from __future__ import annotations
 
+import importlib.util
 from dataclasses import dataclass
 
 GIB = 2**30
@@ -31,6 +33,13 @@ GIB = 2**30
 BACKWARD_OVER_FORWARD = 4.6
 # Caching allocator: reserved memory over the live peak (measured 1.085 and 1.094 in those runs).
 RESERVED_OVER_ALLOCATED = 1.09
+# The same two with flash-linear-attention's kernels (no fp32 chunk intermediates): from the measured
+# peak at 128 frames on 2x H200 (9.96 GiB allocated, 11.46 reserved; bench/RESULTS.md), one point, so
+# the layer factor also absorbs the other components' error there.
+FLA_BACKWARD_OVER_FORWARD = 1.8
+FLA_RESERVED_OVER_ALLOCATED = 1.15
+COEFFICIENTS = {"torch": (BACKWARD_OVER_FORWARD, RESERVED_OVER_ALLOCATED),
+                "fla": (FLA_BACKWARD_OVER_FORWARD, FLA_RESERVED_OVER_ALLOCATED)}
 # fp32 logits upcast + their gradient, on top of the logits in the training precision.
 LOGIT_EXTRA_BYTES = 8
 
@@ -109,9 +118,17 @@ def precision_bytes(precision: str) -> int:
     return 4 if precision == "fp32" else 2
 
 
+def gpu_gated_deltanet() -> str:
+    """The Gated-DeltaNet implementation a GPU run in this environment takes: fla if it is installed."""
+    return "fla" if importlib.util.find_spec("fla") else "torch"
+
+
 def plan_peak(model: ModelFacts, sample: SampleFacts, trainable: int, world: int, ds_zero: dict,
-              precision: str = "bf16", sliced_logits: bool = True, checkpointing: bool = True) -> dict:
-    """Predicted peak bytes per rank, by component."""
+              precision: str = "bf16", sliced_logits: bool = True, checkpointing: bool = True,
+              gated_deltanet: str | None = None) -> dict:
+    """Predicted peak bytes per rank, by component (``gated_deltanet``: "torch" or "fla"; None: as
+    :func:`gpu_gated_deltanet` says)."""
+    backward_over_forward, reserved_over_allocated = COEFFICIENTS[gated_deltanet or gpu_gated_deltanet()]
     p = precision_bytes(precision)
     prefetch = int(ds_zero.get("stage3_prefetch_bucket_size", 5e7))
     max_live = int(ds_zero.get("stage3_max_live_parameters", 1e9))
@@ -121,7 +138,7 @@ def plan_peak(model: ModelFacts, sample: SampleFacts, trainable: int, world: int
     patches = sample.visual_tokens * model.merge**2
     layer_forward = tokens * p * (model.attention_width + 3 * model.intermediate + 4 * model.hidden)
     if checkpointing:
-        activations = model.layers * tokens * model.hidden * p + BACKWARD_OVER_FORWARD * layer_forward
+        activations = model.layers * tokens * model.hidden * p + backward_over_forward * layer_forward
     else:
         activations = model.layers * layer_forward
     logit_positions = sample.supervised_tokens if sliced_logits else tokens
@@ -133,7 +150,9 @@ def plan_peak(model: ModelFacts, sample: SampleFacts, trainable: int, world: int
         "persistent_small_parameters": model.small_parameters * p * (world - 1) / world,
         "gathered_working_set": min(max_live, largest_block + prefetch) * p,
         "lora_weights_grads_adam": trainable * (2 * p + 12) / world,
-        "gradient_reduce_buffer": min(reduce_bucket, trainable) * p * 2,
+        # with contiguous_gradients DeepSpeed allocates a whole reduce bucket up front (stage3.py, "IPG")
+        "gradient_reduce_buffer": (reduce_bucket if ds_zero.get("contiguous_gradients", True) else 0) * p
+        + min(reduce_bucket, trainable) * p,
         "activations_checkpointed_layers": activations,
         "embeddings_in_and_out": 2 * tokens * model.hidden * p,
         "logits": logit_positions * model.vocab * (p + LOGIT_EXTRA_BYTES),
@@ -141,7 +160,8 @@ def plan_peak(model: ModelFacts, sample: SampleFacts, trainable: int, world: int
     }
     allocated = sum(components.values())
     return {"components_gib": {k: v / GIB for k, v in components.items()},
-            "allocated_gib": allocated / GIB, "reserved_gib": allocated * RESERVED_OVER_ALLOCATED / GIB}
+            "allocated_gib": allocated / GIB, "reserved_gib": allocated * reserved_over_allocated / GIB,
+            "gated_deltanet": gated_deltanet or gpu_gated_deltanet()}
 
 
 def sample_at_frames(sample: SampleFacts, frames: int) -> SampleFacts:

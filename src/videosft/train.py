@@ -30,6 +30,7 @@ import numpy as np
 
 from . import config as config_lib
 from .chat import IGNORE_INDEX
+from .kernels import select_gated_delta_rule
 from .keymap import load_checkpoint, logical_shape, model_class
 from .lora import target_module_names
 from .memory import ModelFacts, SampleFacts, plan_peak
@@ -220,6 +221,10 @@ def train(cfg: dict, samples_path: Path, probe_path: Path, out: Path, record: di
     model, _hf_ds_config = build_partitioned_model(model_dir, ds_config)
     load = load_checkpoint(model, model_dir, probe["key_map"], rank)
     load["build_and_load_seconds"] = time.perf_counter() - started
+    # fla's kernels only after they match the torch reference at this model's shapes (raises if not)
+    kernels = {"gated_deltanet": select_gated_delta_rule(model, device, max(r["input_tokens"] for r in rows))}
+    if rank == 0:
+        print(f"Gated-DeltaNet: {kernels['gated_deltanet']['implementation']}", flush=True)
     if train_cfg["gradient_checkpointing"]:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model, targets = add_lora(model, cfg["lora"], train_cfg["seed"])
@@ -310,7 +315,7 @@ def train(cfg: dict, samples_path: Path, probe_path: Path, out: Path, record: di
     torch_dist.all_gather_object(all_peaks, peaks)
     torch_dist.barrier()
     record["results"] = {
-        "world_size": world, "device": str(device), "precision": precision, "load": load,
+        "world_size": world, "device": str(device), "precision": precision, "load": load, "kernels": kernels,
         "lora_targets": targets, "trainable_parameters": sum(v.numel() for v in final_lora.values()),
         "lora_tensors": len(final_lora), "lora_unchanged_after_two_steps": unchanged,
         "steps": train_cfg["steps"], "resumed_from_step": first_step if resume else None,
@@ -318,7 +323,8 @@ def train(cfg: dict, samples_path: Path, probe_path: Path, out: Path, record: di
         "samples": len(rows),
         "ledger": check_ledgers(out, world, len(rows), plan_for, [r["window_id"] for r in rows], smoke),
         "zero_stage": ds_config["zero_optimization"]["stage"],
-        "memory": memory_comparison(probe, rows, world, ds_config, precision, train_cfg, all_peaks),
+        "memory": memory_comparison(probe, rows, world, ds_config, precision, train_cfg, all_peaks,
+                                    kernels["gated_deltanet"]["implementation"]),
     }
 
 
@@ -335,7 +341,7 @@ def lora_unchanged(model, initial: dict) -> list[str]:
 
 
 def memory_comparison(probe: dict, rows: list[dict], world: int, ds_config: dict, precision: str,
-                      train_cfg: dict, peaks: list[list[dict]]) -> dict:
+                      train_cfg: dict, peaks: list[list[dict]], gated_deltanet: str | None = None) -> dict:
     """The planner's prediction for this run beside each rank's measured peak."""
     facts = probe.get("memory", {}) and probe["memory"].get("model_facts")
     measured = {rank: {key: max(step[key] for step in steps) for key in steps[0]} if steps else {}
@@ -347,7 +353,7 @@ def memory_comparison(probe: dict, rows: list[dict], world: int, ds_config: dict
                          len(longest["frame_indices"]))
     trainable = probe["lora"]["trainable_parameters"]
     predicted = plan_peak(ModelFacts(**facts), sample, trainable, world, ds_config["zero_optimization"], precision,
-                          checkpointing=train_cfg["gradient_checkpointing"])
+                          checkpointing=train_cfg["gradient_checkpointing"], gated_deltanet=gated_deltanet)
     return {"predicted": predicted, "measured": measured}
 
 
