@@ -403,7 +403,7 @@ def report(opts, info: dict, core: dict, scale: dict | None, versions: dict) -> 
                         "quiet runs used", "other load (max, CPUs)"], rows)
 
     def verdict(value):
-        return f"{value:.2f} ({'meets' if value >= GOAL_RATIO else 'misses'} {GOAL_RATIO})"
+        return f"{value:.3f} ({'meets' if value >= GOAL_RATIO else 'misses'} {GOAL_RATIO})"
 
     ratio_table = table(["throughput ratio stage / bare", "wall time", "CPU time"], [
         ["whole processes", verdict(bare_w / stage_w), verdict(bare_c / stage_c)],
@@ -492,7 +492,7 @@ def report(opts, info: dict, core: dict, scale: dict | None, versions: dict) -> 
             f"Scaling with Snakemake jobs: `snakemake --until preprocess --cores N --forcerun preprocess_shard` "
             f"in a scratch copy of the workflow (Snakefile, config.yaml, workflow/, src/; PYTHONPATH=<copy>/src, "
             f"the run record confirms videosft was imported from the copy), OMP_NUM_THREADS=1, "
-            f"preprocess.shards=2; the shards (by video hash) hold {scale['shard_windows'][0]} and "
+            f"preprocess.shards=2; the shards (videos balanced by window count) hold {scale['shard_windows'][0]} and "
             f"{scale['shard_windows'][1]} windows. {len(all_runs[1])} repeats (at least {opts.snakemake_repeats}, "
             f"more up to {opts.snakemake_max_repeats} until each setting has a quiet run), alternating order, "
             f"medians over the quiet runs (other load < {QUIET}) where there are any; the wall time includes "
@@ -539,7 +539,7 @@ def findings(core: dict, b: dict, parts: list, windows: int, opts) -> str:
     named = {name: value["cpu"] for name, value in parts}
     overhead = sum(value for name, value in named.items() if not name.startswith(
         ("interpreter", "imports", "run record", "processor load", "decord get_batch")))
-    text = [f"**Findings.** End to end the stage runs at {whole:.2f}x the bare decode's speed "
+    text = [f"**Findings.** End to end the stage runs at {whole:.3f}x the bare decode's speed "
             f"({'meets' if whole >= GOAL_RATIO else 'misses'} the {GOAL_RATIO} goal). Every stage process pays a "
             f"start-up of {fixed_s:.1f} s (the bare decode's: {fixed_b:.2f} s): importing torch, torchvision and "
             f"transformers, and an interpreter exit of {exit_s:.2f} s that is almost all the final garbage "

@@ -217,15 +217,14 @@ def build_sample(window: dict, video: VideoFile, processor, cfg: dict, budget: B
 
 
 # The pixel column is most of every file: dictionary encoding and min/max statistics of
-# megabyte-sized unique blobs cost time and buy nothing, and zstd level 1 writes it about as fast
-# as no compression and smaller than the default snappy (bench/preprocess.py).
+# megabyte-sized unique blobs cost time and buy nothing; its compression is a config choice
+# (preprocess.pixel_compression), the small columns always use snappy.
 _SMALL_COLUMNS = [name for name in SAMPLE_SCHEMA.names if name != "pixel_values"]
-PARQUET_OPTIONS = {
-    "use_dictionary": _SMALL_COLUMNS,
-    "write_statistics": _SMALL_COLUMNS,
-    "compression": {**dict.fromkeys(_SMALL_COLUMNS, "snappy"), "pixel_values": "zstd"},
-    "compression_level": {"pixel_values": 1},
-}
+
+
+def parquet_options(pixel_compression: str) -> dict:
+    return {"use_dictionary": _SMALL_COLUMNS, "write_statistics": _SMALL_COLUMNS,
+            "compression": {**dict.fromkeys(_SMALL_COLUMNS, "snappy"), "pixel_values": pixel_compression}}
 
 
 class ShardWriter:
@@ -235,8 +234,9 @@ class ShardWriter:
     ``max_bytes``, so neither memory nor file size grows with the number of windows.
     """
 
-    def __init__(self, out_dir: Path, metadata: dict, max_bytes: int):
+    def __init__(self, out_dir: Path, metadata: dict, max_bytes: int, pixel_compression: str = "none"):
         self.out_dir = out_dir
+        self.options = parquet_options(pixel_compression)
         self.schema = SAMPLE_SCHEMA.with_metadata({"videosft": json.dumps(metadata)})
         self.max_bytes = max_bytes
         self.open: dict[str, tuple[pq.ParquetWriter, Path, Path]] = {}
@@ -261,7 +261,7 @@ class ShardWriter:
         if split not in self.open:
             final = self.out_dir / f"{split}-{len(self.files[split]):05d}.parquet"
             tmp = final.with_name(f".{final.name}.tmp")
-            self.open[split] = (pq.ParquetWriter(tmp, self.schema, **PARQUET_OPTIONS), tmp, final)
+            self.open[split] = (pq.ParquetWriter(tmp, self.schema, **self.options), tmp, final)
         self.open[split][0].write_table(pa.Table.from_pylist(self.pending[split], schema=self.schema))
         self.pending[split] = []
 
@@ -335,7 +335,8 @@ def run_shard(windows_path: Path, out_dir: Path, cfg: dict, shard: int, shards: 
         "model_files_sha256": model_hashes(model_path),
         "max_length": cfg["data"]["max_length"],
     }
-    writer = ShardWriter(out_dir, metadata, int(cfg["preprocess"]["shard_mb"] * 2**20))
+    writer = ShardWriter(out_dir, metadata, int(cfg["preprocess"]["shard_mb"] * 2**20),
+                         cfg["preprocess"]["pixel_compression"])
     windows = pq.read_table(windows_path).to_pylist()
     assignment = video_shards(windows, shards)
     windows = [w for w in windows if assignment[w["video"]] == shard]

@@ -164,3 +164,16 @@ def test_a_marker_rounded_at_a_tie_is_not_taken_for_a_clock_error(demo_dir):
     assert len(clip.frame_indices) == 144
     markers = prompt_timestamps(processor.tokenizer.decode(input_ids))
     assert markers[18] == 8.1 and preprocess.frame_pair_times(clip.local_times, 2)[18] == pytest.approx(8.15)
+
+
+@pytest.mark.parametrize("codec", ["none", "snappy", "zstd"])
+def test_pixel_compression_is_the_configured_codec_and_round_trips(samples, tmp_path, codec):
+    writer = preprocess.ShardWriter(tmp_path, {"schema_version": preprocess.SCHEMA_VERSION}, 2**30, codec)
+    for row in samples[:3]:
+        writer.add({key: row[key] for key in preprocess.SAMPLE_SCHEMA.names})
+    files = writer.close()
+    path = tmp_path / files[samples[0]["split"]][0]
+    column = preprocess.SAMPLE_SCHEMA.names.index("pixel_values")
+    assert pq.ParquetFile(path).metadata.row_group(0).column(column).compression == codec.upper().replace("NONE", "UNCOMPRESSED")
+    back = pq.read_table(path).to_pylist()
+    assert [r["pixel_values"] for r in back] == [r["pixel_values"] for r in samples[:3] if r["split"] == samples[0]["split"]]
