@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -171,6 +172,8 @@ def main() -> None:
     parser.add_argument("--limits", type=float, nargs="+", default=[0, 12], help="GiB per GPU; 0 = whole card")
     parser.add_argument("--work", type=Path, default=ROOT / "results" / "gpu-bench")
     parser.add_argument("--no-verify", dest="verify", action="store_false")
+    parser.add_argument("--profile-step", type=int, default=None,
+                        help="profile this train step (train.profile_step); the tables are copied to --out")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -186,7 +189,7 @@ def main() -> None:
         "video": {"fps": args.frames / 32.0, "min_frames": 4, "max_frames": args.frames, "min_tokens": 4,
                   "max_tokens": 196},
         "train": {"steps": args.steps, "deepspeed_config": str(ROOT / "workflow/deepspeed/zero3.json"),
-                  "timeout_s": 600},
+                  "timeout_s": 600, "profile_step": args.profile_step},
         "memory": {"world_sizes": [1, 2, 4]},
         "verify": {"forward_samples": 1},
     })
@@ -218,6 +221,8 @@ def main() -> None:
                            "--probe", str(probe_out / "probe.json"), "--out", str(out)],
                           args.out / f"train-{limit:g}.log")
             results["train"][f"{limit:g}"] = {**summarize_train(out, args.gpus), "wall_seconds": seconds}
+            for profile in out.glob("profile.rank*.txt"):
+                shutil.copy(profile, args.out / f"train-{limit:g}-{profile.name}")
         except StageFailed as error:
             results["train"][f"{limit:g}"] = {"failed": str(error)}
 

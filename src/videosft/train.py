@@ -175,6 +175,27 @@ def peak_memory(device) -> dict:
     return {"peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}
 
 
+def start_profiler(device):
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    profiler = profile(activities=activities)
+    profiler.start()
+    return profiler
+
+
+def write_profile(profiler, device, path: Path, step: int, seconds: float) -> None:
+    """The profiled step's operators, most self time on the device first (on CPU: on the host)."""
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    profiler.stop()
+    key = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
+    table = profiler.key_averages().table(sort_by=key, row_limit=60, max_name_column_width=70)
+    path.write_text(f"step {step}: {seconds:.3f} s wall (profiled), operators by {key}\n{table}\n")
+
+
 def lr_lambda(train_cfg: dict):
     warmup, steps = train_cfg["warmup_steps"], train_cfg["steps"]
 
@@ -209,6 +230,9 @@ def train(cfg: dict, samples_path: Path, probe_path: Path, out: Path, record: di
     if not probe.get("ok"):
         raise ValueError(f"{probe_path} reports a checkpoint that does not fit; rerun the probe and fix it first")
 
+    if train_cfg["profile_step"] is not None and train_cfg["profile_step"] >= train_cfg["steps"]:
+        raise ValueError(f"train.profile_step={train_cfg['profile_step']} is not one of the "
+                         f"{train_cfg['steps']} steps (train.steps): nothing would be profiled")
     rows = load_samples(samples_path)
     micro, smoke = train_cfg["micro_batch_size"], train_cfg["smoke"]
     check_every_rank_has_a_batch(len(rows), world, micro, train_cfg["tail"], smoke)
@@ -260,6 +284,7 @@ def train(cfg: dict, samples_path: Path, probe_path: Path, out: Path, record: di
     for step in range(first_step, train_cfg["steps"]):
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
+        profiler = start_profiler(device) if step == train_cfg["profile_step"] else None
         step_started = time.perf_counter()
         consumed, step_loss, tokens = [], 0.0, 0
         for _ in range(train_cfg["grad_accum"]):
@@ -278,6 +303,8 @@ def train(cfg: dict, samples_path: Path, probe_path: Path, out: Path, record: di
                                          "window_id": row["window_id"]}) + "\n")
         ledger.flush()
         elapsed = time.perf_counter() - step_started
+        if profiler:
+            write_profile(profiler, device, out / f"profile.rank{rank}.txt", step, elapsed)
         memory = peak_memory(device)
         peaks.append(memory)
         entry = {

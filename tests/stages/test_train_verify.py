@@ -16,7 +16,8 @@ from videosft.preprocess import read_samples
 @pytest.fixture(scope="module")
 def trained(prepared, demo_config, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("train")
-    result = run_torchrun(["-m", "videosft.train", "--config", stage_json("train", demo_config),
+    profiled = {**demo_config, "train": {**demo_config["train"], "profile_step": 2}}
+    result = run_torchrun(["-m", "videosft.train", "--config", stage_json("train", profiled),
                            "--samples", str(prepared / "preprocess" / "manifest.json"),
                            "--probe", str(prepared / "probe" / "probe.json"), "--out", str(out)])
     # A rank may rarely abort at interpreter exit after all work is done: judge by artifacts.
@@ -52,6 +53,13 @@ def test_two_rank_zero3_training_writes_a_full_shape_adapter(trained, demo_confi
         assert torch.isfinite(tensor).all()
     config = json.loads((trained / "adapter" / "adapter_config.json").read_text())
     assert config["r"] == 8 and sorted(config["target_modules"]) == sorted(results["lora_targets"])
+
+
+def test_the_profiled_step_says_where_its_time_went(trained):
+    for rank in (0, 1):
+        text = (trained / f"profile.rank{rank}.txt").read_text()
+        assert text.startswith("step 2: ") and "self_cpu_time_total" in text
+        assert "aten::mm" in text or "aten::addmm" in text  # the layers' matrix products are in the table
 
 
 def test_each_rank_reads_its_own_samples_and_the_ledger_covers_the_split(trained, prepared):
