@@ -208,23 +208,20 @@ def logical_shape(parameter) -> list[int]:
 
 
 def load_checkpoint(model, model_dir: Path, key_map: dict, rank: int) -> dict:
-    """Copy each checkpoint tensor into the model's existing parameter, one gathered parameter at a time.
+    """Copy each checkpoint tensor into the model's existing parameter, one gathered parameter at a
+    time, then check every element against the file (:func:`verify_loaded`).
 
     Every rank walks the key map in the same order (gathers are collective). Rank 0 writes into
     the gathered ``nn.Parameter`` (``state_dict(keep_vars=True)`` gives the Parameters, not
-    copies); ZeRO re-partitions it on leaving the context. Then every entry is gathered again and
-    compared element-wise with the file, cast to the parameter's dtype.
+    copies); ZeRO re-partitions it on leaving the context.
     """
     import deepspeed
     import torch
     from safetensors import safe_open
 
     state = model.state_dict(keep_vars=True)
-    by_shard: dict[str, list[tuple[str, str]]] = {}
-    for key, entry in sorted(key_map.items()):
-        by_shard.setdefault(entry["shard"], []).append((key, entry["parameter"]))
     started = time.perf_counter()
-    for shard, entries in sorted(by_shard.items()):
+    for shard, entries in _by_shard(key_map):
         with safe_open(model_dir / shard, framework="pt") as handle:
             for key, name in entries:
                 target = state[name]
@@ -240,24 +237,59 @@ def load_checkpoint(model, model_dir: Path, key_map: dict, rank: int) -> dict:
                     with torch.no_grad():
                         target.data.copy_(tensor.to(target.dtype))
     load_seconds = time.perf_counter() - started
+    return {"load_seconds": load_seconds, **verify_loaded(model, model_dir, key_map)}
 
+
+def _by_shard(key_map: dict) -> list[tuple[str, list[tuple[str, str]]]]:
+    by_shard: dict[str, list[tuple[str, str]]] = {}
+    for key, entry in sorted(key_map.items()):
+        by_shard.setdefault(entry["shard"], []).append((key, entry["parameter"]))
+    return sorted(by_shard.items())
+
+
+def matches_file(target, source) -> bool:
+    """Whether a parameter equals its checkpoint tensor element for element, without gathering it.
+
+    A ZeRO-3 parameter that is partitioned is compared on this rank's partition only: elements
+    ``[r * n, (r + 1) * n)`` of the flattened tensor, ``n`` the partition size (DeepSpeed's layout;
+    the last partition is padded), so that together the ranks check every element once, each on
+    its own device, with no gather. Anything else is compared whole.
+    """
+    import torch
+    import torch.distributed as dist
+
+    if not hasattr(target, "ds_id") or target.data.numel() == target.ds_numel:  # not partitioned now
+        return torch.equal(target.data.detach(), source.to(target.device, target.dtype))
+    partition = target.ds_tensor.detach().view(-1)
+    size = target.ds_tensor.ds_numel
+    start = size * dist.get_rank(group=target.ds_process_group)
+    expected = source.reshape(-1)[start:start + size]
+    return torch.equal(partition[: expected.numel()], expected.to(partition.device, partition.dtype))
+
+
+def verify_loaded(model, model_dir: Path, key_map: dict) -> dict:
+    """Every entry of the checkpoint compared element-wise with the model (cast to the parameter's
+    dtype); under ZeRO-3 each rank checks its own partitions and the ranks agree on the outcome.
+    Raises ValueError naming the entries that differ."""
+    import torch.distributed as dist
+    from safetensors import safe_open
+
+    state = model.state_dict(keep_vars=True)
     started = time.perf_counter()
-    matched, mismatched = 0, []
-    for shard, entries in sorted(by_shard.items()):
+    mismatched = []
+    for shard, entries in _by_shard(key_map):
         with safe_open(model_dir / shard, framework="pt") as handle:
             for key, name in entries:
-                target = state[name]
-                source = handle.get_tensor(key)
-                gathered = [target] if hasattr(target, "ds_id") else []
-                with deepspeed.zero.GatheredParameters(gathered, modifier_rank=None):
-                    equal = torch.equal(target.data.detach().cpu(), source.to(target.dtype))
-                if equal:
-                    matched += 1
-                else:
+                if not matches_file(state[name], handle.get_tensor(key)):
                     mismatched.append(key)
+    if dist.is_available() and dist.is_initialized():
+        everyone: list = [None] * dist.get_world_size()
+        dist.all_gather_object(everyone, mismatched)
+        mismatched = sorted({key for keys in everyone for key in keys})
     verify_seconds = time.perf_counter() - started
     if mismatched:
         raise ValueError(f"after loading, {len(mismatched)} of {len(key_map)} entries differ from the checkpoint: "
                          f"{mismatched[:5]}")
-    return {"entries": len(key_map), "matched": matched, "load_seconds": load_seconds,
-            "verify_seconds": verify_seconds, "summary": f"{matched} of {len(key_map)} entries matched"}
+    matched = len(key_map)
+    return {"entries": len(key_map), "matched": matched, "verify_seconds": verify_seconds,
+            "summary": f"{matched} of {len(key_map)} entries matched"}

@@ -137,3 +137,50 @@ def test_loss_on_supervised_positions_equals_the_full_logits_loss(prepared, demo
         ours = supervised_loss(model, batch)
         full = model(**batch, use_cache=False).loss
     assert torch.allclose(ours, full, rtol=1e-5, atol=1e-6), (ours, full)
+
+
+VERIFY_PARTITIONS = r'''
+import datetime, json, sys
+from pathlib import Path
+import deepspeed, torch
+from videosft import config as config_lib
+from videosft.keymap import load_checkpoint, verify_loaded
+from videosft.train import build_partitioned_model, deepspeed_config
+
+model_dir, probe, out = Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3])
+deepspeed.init_distributed("gloo", timeout=datetime.timedelta(seconds=60))
+rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
+train_cfg = config_lib.resolve({})["train"]
+model, keep_alive = build_partitioned_model(model_dir, deepspeed_config(Path(train_cfg["deepspeed_config"]), train_cfg,
+                                                                      world, "fp32"))
+key_map = json.loads(probe.read_text())["key_map"]
+loaded = load_checkpoint(model, model_dir, key_map, rank)
+parameters = dict(model.named_parameters())
+key = max(key_map, key=lambda k: parameters[key_map[k]["parameter"]].ds_numel)
+partition = parameters[key_map[key]["parameter"]].ds_tensor
+if rank == 1:  # one element of one rank's partition: rank 0 never holds it
+    with torch.no_grad():
+        partition.view(-1)[0] += 1
+try:
+    verify_loaded(model, model_dir, key_map)
+    outcome = "passed"
+except ValueError as error:
+    outcome = str(error)
+(out / f"rank{rank}.json").write_text(json.dumps({"loaded": loaded["summary"], "outcome": outcome, "key": key,
+                                                  "partition": partition.numel()}))
+'''
+
+
+def test_load_verification_checks_each_rank_partition_and_every_rank_hears_of_a_mismatch(prepared, demo_dir,
+                                                                                         tmp_path):
+    script = tmp_path / "verify_partitions.py"
+    script.write_text(VERIFY_PARTITIONS)
+    result = run_torchrun([str(script), str(demo_dir / "model"), str(prepared / "probe" / "probe.json"),
+                           str(tmp_path)], timeout=300)
+    reports = [tmp_path / f"rank{rank}.json" for rank in (0, 1)]
+    assert all(r.exists() for r in reports), result.stdout[-3000:] + result.stderr[-3000:]
+    for report in map(lambda r: json.loads(r.read_text()), reports):
+        entries = len(json.loads((prepared / "probe" / "probe.json").read_text())["key_map"])
+        assert report["loaded"] == f"{entries} of {entries} entries matched"
+        assert report["partition"] > 0  # ZeRO-3 split the tensor: each rank holds a part
+        assert "1 of" in report["outcome"] and report["key"] in report["outcome"], report
