@@ -267,11 +267,12 @@ def pretraining_sample(rng: np.random.Generator, cfg: dict, processor, system: s
         raise RuntimeError(f"the processor marked {len(markers)} times for {len(shown)} frame pairs")
     answer = ", ".join(f"{time:.1f}" for time, seen in zip(markers, shown) if seen) or NEVER
     input_ids = prompt_ids + tokenizer(answer + "<|im_end|>\n", add_special_tokens=False)["input_ids"]
-    pad = len(input_ids) - len(prompt_ids)
+    answer_length = len(input_ids) - len(prompt_ids)
     return {
         "input_ids": torch.tensor(input_ids),
         "labels": torch.tensor(assistant_labels(input_ids, tokenizer, answer)),
-        "mm_token_type_ids": torch.cat([encoded["mm_token_type_ids"][0], torch.zeros(pad, dtype=torch.int)]),
+        "mm_token_type_ids": torch.cat([encoded["mm_token_type_ids"][0],
+                                        torch.zeros(answer_length, dtype=torch.int)]),
         "pixel_values_videos": encoded["pixel_values_videos"],
         "video_grid_thw": encoded["video_grid_thw"],
         "prompt_length": len(prompt_ids),
