@@ -211,6 +211,14 @@ def check_gated_delta_rule(candidate, reference, shapes, lengths, device, gates=
 # ---------------------------------------------------------------- choosing for a run
 
 
+def gpu_implementation() -> str:
+    """What a GPU run in this environment will take, for planning ahead without a GPU or a model:
+    torch when asked for, else fla if it is installed (the run still checks it before use)."""
+    if os.environ.get(ENV, "auto") == "torch":
+        return "torch"
+    return "fla" if importlib.util.find_spec("fla") else "torch"
+
+
 def _all_ranks_agree(ok: bool, device) -> bool:
     import torch
     import torch.distributed as dist
@@ -283,8 +291,8 @@ def time_forward_backward(function, inputs: dict, repeats: int = 3) -> float:
     """Milliseconds for one forward + backward with bf16 inputs, as in training (CUDA events)."""
     import torch
 
-    inputs = {k: v.to(v.device if k == "device" else inputs["device"]) if hasattr(v, "to") else v
-              for k, v in inputs.items()}  # time the kernels, not the copies from the host
+    # time the kernels, not the copies from the host
+    inputs = {k: v.to(inputs["device"]) if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
     _run(function, inputs, upcast=False)  # compile / autotune
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()

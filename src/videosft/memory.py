@@ -22,8 +22,9 @@ calibrated against measured peaks (bench/RESULTS.md), one pair per Gated-DeltaNe
 
 from __future__ import annotations
 
-import importlib.util
 from dataclasses import dataclass
+
+from .kernels import gpu_implementation
 
 GIB = 2**30
 # One recomputed layer's forward + backward working set over its forward activations (the
@@ -118,17 +119,13 @@ def precision_bytes(precision: str) -> int:
     return 4 if precision == "fp32" else 2
 
 
-def gpu_gated_deltanet() -> str:
-    """The Gated-DeltaNet implementation a GPU run in this environment takes: fla if it is installed."""
-    return "fla" if importlib.util.find_spec("fla") else "torch"
-
-
 def plan_peak(model: ModelFacts, sample: SampleFacts, trainable: int, world: int, ds_zero: dict,
               precision: str = "bf16", sliced_logits: bool = True, checkpointing: bool = True,
               gated_deltanet: str | None = None) -> dict:
     """Predicted peak bytes per rank, by component (``gated_deltanet``: "torch" or "fla"; None: as
-    :func:`gpu_gated_deltanet` says)."""
-    backward_over_forward, reserved_over_allocated = COEFFICIENTS[gated_deltanet or gpu_gated_deltanet()]
+    :func:`videosft.kernels.gpu_implementation` says)."""
+    gated_deltanet = gated_deltanet or gpu_implementation()
+    backward_over_forward, reserved_over_allocated = COEFFICIENTS[gated_deltanet]
     p = precision_bytes(precision)
     prefetch = int(ds_zero.get("stage3_prefetch_bucket_size", 5e7))
     max_live = int(ds_zero.get("stage3_max_live_parameters", 1e9))
@@ -161,7 +158,7 @@ def plan_peak(model: ModelFacts, sample: SampleFacts, trainable: int, world: int
     allocated = sum(components.values())
     return {"components_gib": {k: v / GIB for k, v in components.items()},
             "allocated_gib": allocated / GIB, "reserved_gib": allocated * reserved_over_allocated / GIB,
-            "gated_deltanet": gated_deltanet or gpu_gated_deltanet()}
+            "gated_deltanet": gated_deltanet}
 
 
 def sample_at_frames(sample: SampleFacts, frames: int) -> SampleFacts:
