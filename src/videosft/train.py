@@ -68,7 +68,7 @@ def collate(rows: list[dict], pad_id: int):
         "labels": padded("labels", IGNORE_INDEX, torch.long),
         "attention_mask": torch.tensor([[1] * len(r["input_ids"]) + [0] * (length - len(r["input_ids"])) for r in rows]),
         "mm_token_type_ids": padded("mm_token_type_ids", 0, torch.int),
-        "pixel_values_videos": torch.from_numpy(np.concatenate(pixels).astype(np.float32)),
+        "pixel_values_videos": torch.from_numpy(np.concatenate(pixels)).float(),
         "video_grid_thw": torch.tensor([row["video_grid_thw"] for row in rows], dtype=torch.long),
     }
 

@@ -57,12 +57,15 @@ def shard(tmp_path_factory, demo_dir):
     write_video(root / "vfr.mp4", rng.integers(0, 255, (60, 64, 96, 3), dtype=np.uint8), pts)
     write_video(root / "uhd.mp4", rng.integers(0, 255, (6, 2160, 3840, 3), dtype=np.uint8), [0, 250, 500, 750, 1000, 1250])
     write_video(root / "single.mp4", rng.integers(0, 255, (1, 64, 96, 3), dtype=np.uint8), [0])
+    # the first frame at 1.0 s: the MP4 muxer writes an empty edit; decord alone would put it at 0
+    write_video(root / "late.mp4", rng.integers(0, 255, (50, 64, 96, 3), dtype=np.uint8), [1000 + 40 * i for i in range(50)])
     good = (root / "bikes.mp4").read_bytes()
     (root / "truncated.mp4").write_bytes(good[: len(good) // 30])
     (root / "text.mp4").write_text("not a video at all")
 
     durations = {name: float(decord.VideoReader(str(root / name)).get_frame_timestamp(-1)[1])
                  for name in REAL + ["vfr.mp4", "uhd.mp4"]}
+    durations["late.mp4"] = 3.0
     durations["carphone_pristine.mp4"] = 8.0  # the annotation claims 8 s; the file has 4: window 2 has no frames
     durations.update({"single.mp4": 1.0, "truncated.mp4": 10.0, "text.mp4": 4.0})
     lines = [json.dumps({"video": name, "duration": duration, "keep": [[0.5, min(2.0, duration)]]})
@@ -82,13 +85,30 @@ def shard(tmp_path_factory, demo_dir):
     return root, rows, rejects
 
 
-def test_frame_times_are_the_containers_minus_the_window_start(shard):
+def player_times(path: Path) -> np.ndarray:
+    """Each frame's presentation time as PyAV (FFmpeg, and players) give it, edit lists applied."""
+    import av
+
+    with av.open(str(path)) as container:
+        return np.asarray([float(frame.pts * frame.time_base) for frame in container.decode(video=0)])
+
+
+def test_frame_times_are_the_players_minus_the_window_start(shard):
     root, rows, _ = shard
-    assert {r["video"] for r in rows} >= set(REAL) | {"vfr.mp4", "uhd.mp4"}
-    for row in rows:
-        stamps = decord.VideoReader(str(root / row["video"])).get_frame_timestamp(row["frame_indices"])[:, 0]
-        assert row["frame_times"] == pytest.approx((stamps - row["window_start"]).tolist(), abs=1e-6)
-        assert all(0 <= t < row["window_end"] - row["window_start"] for t in row["frame_times"])
+    assert {r["video"] for r in rows} >= set(REAL) | {"vfr.mp4", "uhd.mp4", "late.mp4"}
+    for name in {r["video"] for r in rows}:
+        stamps = player_times(root / name)
+        for row in (r for r in rows if r["video"] == name):
+            expected = stamps[row["frame_indices"]] - row["window_start"]
+            assert row["frame_times"] == pytest.approx(expected.tolist(), abs=1e-6), name
+            assert all(0 <= t < row["window_end"] - row["window_start"] for t in row["frame_times"])
+
+
+def test_an_edit_list_delays_the_first_frame(shard):
+    _, rows, _ = shard
+    late = sorted((r for r in rows if r["video"] == "late.mp4"), key=lambda r: r["window_start"])
+    assert late[0]["window_start"] == 0.0 and late[0]["frame_indices"][0] == 0
+    assert late[0]["frame_times"][0] == pytest.approx(1.0)  # not 0: nothing is shown before 1.0 s
 
 
 def test_variable_frame_rate_uses_timestamps_not_index_over_fps(shard, demo_dir):
