@@ -174,12 +174,16 @@ def main() -> None:
     parser.add_argument("--no-verify", dest="verify", action="store_false")
     parser.add_argument("--profile-step", type=int, default=None,
                         help="profile this train step (train.profile_step); the tables are copied to --out")
+    parser.add_argument("--deepspeed-config", type=Path, default=ROOT / "workflow/deepspeed/zero3.json",
+                        help="train.deepspeed_config (default: the pipeline's default)")
+    parser.add_argument("--offload-activations", action="store_true", help="train.offload_activations")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     work = args.work
     model_dir = work / "model"
-    results: dict = {"config": args.config.name, "frames": args.frames, "gpus": args.gpus}
+    results: dict = {"config": args.config.name, "frames": args.frames, "gpus": args.gpus,
+                     "deepspeed_config": args.deepspeed_config.name, "offload_activations": args.offload_activations}
 
     if not (model_dir / "model.safetensors.index.json").exists():
         results["checkpoint"] = build_checkpoint(args.config, model_dir)
@@ -188,17 +192,20 @@ def main() -> None:
         "model": {"path": str(model_dir)},
         "video": {"fps": args.frames / 32.0, "min_frames": 4, "max_frames": args.frames, "min_tokens": 4,
                   "max_tokens": 196},
-        "train": {"steps": args.steps, "deepspeed_config": str(ROOT / "workflow/deepspeed/zero3.json"),
-                  "timeout_s": 600, "profile_step": args.profile_step},
+        "train": {"steps": args.steps, "deepspeed_config": str(args.deepspeed_config.resolve()),
+                  "timeout_s": 600, "profile_step": args.profile_step,
+                  "offload_activations": args.offload_activations},
         "memory": {"world_sizes": [1, 2, 4]},
         "verify": {"forward_samples": 1},
     })
     windows = 2 * args.gpus + 1  # two windows per rank (each rank its own) plus one val window
-    manifest = work / "preprocess" / "manifest.json"
+    samples_dir = work / f"preprocess-{args.frames}f-{args.gpus}gpus"
+    manifest = samples_dir / "manifest.json"
     if not manifest.exists():
-        results["samples"] = build_samples(cfg, work / "preprocess", windows, 32.0, 18)
+        results["samples"] = build_samples(cfg, samples_dir, windows, 32.0, 18)
 
-    probe_out = work / "probe"
+    variant = args.deepspeed_config.stem + ("-offload_activations" if args.offload_activations else "")
+    probe_out = samples_dir / f"probe-{variant}"
     results["probe_seconds"] = run([sys.executable, "-m", "videosft.probe", "--config", stage_config("probe", cfg),
                                     "--samples", str(manifest), "--out", str(probe_out)], args.out / "probe.log")
     probe = json.loads((probe_out / "probe.json").read_text())
@@ -213,7 +220,7 @@ def main() -> None:
     results["train"] = {}
     for limit in args.limits:
         run_cfg = {**cfg, "train": {**cfg["train"], "gpu_memory_gib": limit or None}}
-        out = work / f"train-{limit:g}"
+        out = samples_dir / f"train-{limit:g}-{variant}"
         try:
             seconds = run([sys.executable, "-m", "torch.distributed.run", "--standalone",
                            f"--nproc_per_node={args.gpus}", "-m", "videosft.train", "--config",
@@ -226,9 +233,9 @@ def main() -> None:
         except StageFailed as error:
             results["train"][f"{limit:g}"] = {"failed": str(error)}
 
-    trained = [work / f"train-{limit}" for limit, facts in results["train"].items() if "failed" not in facts]
+    trained = [samples_dir / f"train-{limit}-{variant}" for limit, facts in results["train"].items() if "failed" not in facts]
     if args.verify and trained:
-        verify_out = work / "verify"
+        verify_out = samples_dir / "verify"
         results["verify_seconds"] = run([sys.executable, "-m", "videosft.verify", "--config",
                                          stage_config("verify", cfg), "--adapter", str(trained[0] / "adapter"),
                                          "--samples", str(manifest), "--out", str(verify_out)],
@@ -239,7 +246,8 @@ def main() -> None:
 
 
 def print_table(results: dict) -> None:
-    print(f"\n{results['config']}, {results['frames']} frames, {results['gpus']} GPUs; samples {results.get('samples')}")
+    print(f"\n{results['config']}, {results['frames']} frames, {results['gpus']} GPUs, {results['deepspeed_config']}, "
+          f"offload_activations {results['offload_activations']}; samples {results.get('samples')}")
     print(f"checkpoint {results['checkpoint_gib']:.1f} GiB, cat {results['cat_checkpoint_seconds']:.1f} s")
     header = ["limit", "rank", "step s", "tok/s/GPU", "alloc GiB", "reserved GiB", "pred alloc", "pred reserved",
               "load s", "verify-load s"]

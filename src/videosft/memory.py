@@ -121,9 +121,11 @@ def precision_bytes(precision: str) -> int:
 
 def plan_peak(model: ModelFacts, sample: SampleFacts, trainable: int, world: int, ds_zero: dict,
               precision: str = "bf16", sliced_logits: bool = True, checkpointing: bool = True,
-              gated_deltanet: str | None = None) -> dict:
+              gated_deltanet: str | None = None, offload_activations: bool = False) -> dict:
     """Predicted peak bytes per rank, by component (``gated_deltanet``: "torch" or "fla"; None: as
-    :func:`videosft.kernels.gpu_implementation` says)."""
+    :func:`videosft.kernels.gpu_implementation` says). ``ds_zero["offload_param"]`` on the host
+    takes the weights' partition off the GPU; ``offload_activations`` the checkpointed layer inputs
+    (one comes back at a time, for its layer's recomputation)."""
     gated_deltanet = gated_deltanet or gpu_implementation()
     backward_over_forward, reserved_over_allocated = COEFFICIENTS[gated_deltanet]
     p = precision_bytes(precision)
@@ -135,15 +137,17 @@ def plan_peak(model: ModelFacts, sample: SampleFacts, trainable: int, world: int
     patches = sample.visual_tokens * model.merge**2
     layer_forward = tokens * p * (model.attention_width + 3 * model.intermediate + 4 * model.hidden)
     if checkpointing:
-        activations = model.layers * tokens * model.hidden * p + backward_over_forward * layer_forward
+        kept_inputs = 1 if offload_activations else model.layers
+        activations = kept_inputs * tokens * model.hidden * p + backward_over_forward * layer_forward
     else:
         activations = model.layers * layer_forward
     logit_positions = sample.supervised_tokens if sliced_logits else tokens
     patches_per_frame_pair = patches / max(1, sample.frames // 2)
     vision = patches * p * (4 * model.vision_hidden + model.vision_intermediate) + \
         patches_per_frame_pair**2 * model.vision_heads * p
+    weights_on_host = ds_zero.get("offload_param", {}).get("device", "none") in ("cpu", "nvme")
     components = {
-        "weights_partitioned": model.parameters * p / world,
+        "weights_partitioned": 0 if weights_on_host else model.parameters * p / world,
         "persistent_small_parameters": model.small_parameters * p * (world - 1) / world,
         "gathered_working_set": min(max_live, largest_block + prefetch) * p,
         "lora_weights_grads_adam": trainable * (2 * p + 12) / world,
@@ -169,12 +173,13 @@ def sample_at_frames(sample: SampleFacts, frames: int) -> SampleFacts:
 
 
 def largest_frames(model: ModelFacts, sample: SampleFacts, trainable: int, world: int, ds_zero: dict,
-                   limit_gib: float, precision: str = "bf16", step: int = 2, cap: int = 4096) -> int:
-    """Most frames (a multiple of ``step``) whose predicted reserved peak stays under ``limit_gib``."""
+                   limit_gib: float, precision: str = "bf16", step: int = 2, cap: int = 4096, **options) -> int:
+    """Most frames (a multiple of ``step``) whose predicted reserved peak stays under ``limit_gib``
+    (``options``: plan_peak's checkpointing and offload switches)."""
     best = 0
     frames = step
     while frames <= cap:
-        peak = plan_peak(model, sample_at_frames(sample, frames), trainable, world, ds_zero, precision)
+        peak = plan_peak(model, sample_at_frames(sample, frames), trainable, world, ds_zero, precision, **options)
         if peak["reserved_gib"] > limit_gib:
             break
         best = frames

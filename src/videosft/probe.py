@@ -76,11 +76,13 @@ def memory_plan(model, cfg: dict, trainable: int, manifest: Path) -> dict:
     sample = longest_sample(manifest)
     limit = cfg["memory"]["gpu_memory_gib"]
     precision = "bf16" if cfg["train"]["precision"] in ("auto", "bf16") else cfg["train"]["precision"]
+    options = {"checkpointing": cfg["train"]["gradient_checkpointing"],
+               "offload_activations": cfg["train"]["offload_activations"]}
     per_world = {}
     for world in cfg["memory"]["world_sizes"]:
-        peak = plan_peak(facts, sample, trainable, world, ds_zero, precision,
-                         checkpointing=cfg["train"]["gradient_checkpointing"])
-        peak["largest_frames_under_limit"] = largest_frames(facts, sample, trainable, world, ds_zero, limit, precision)
+        peak = plan_peak(facts, sample, trainable, world, ds_zero, precision, **options)
+        peak["largest_frames_under_limit"] = largest_frames(facts, sample, trainable, world, ds_zero, limit, precision,
+                                                            **options)
         per_world[str(world)] = peak
     return {
         "gpu_memory_gib": limit,

@@ -136,6 +136,33 @@ def add_lora(model, lora_cfg: dict, seed: int):
     return get_peft_model(model, peft_config), targets
 
 
+def enable_checkpointing(model, offload: bool, pin_memory: bool) -> None:
+    """Gradient checkpointing of every decoder layer (non-reentrant). With ``offload``, the input each
+    layer keeps for its recomputation waits in host memory instead (pinned on a GPU: the copies run
+    asynchronously), and comes back when the backward pass reaches the layer.
+
+    transformers' own ``offload=True`` always asks for pinned memory, which fails without a GPU; and
+    a ``save_on_cpu`` around the whole model would also move tensors saved outside the layers (the
+    gathered LM head weight, 1.3 GB on Qwen3.5-4B) on every step."""
+    import functools
+
+    model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    if offload:
+        for module in model.modules():
+            if getattr(module, "gradient_checkpointing", False) and hasattr(module, "_gradient_checkpointing_func"):
+                module._gradient_checkpointing_func = functools.partial(
+                    _checkpoint_inputs_on_host, module._gradient_checkpointing_func, pin_memory)
+
+
+def _checkpoint_inputs_on_host(checkpoint, pin_memory: bool, function, *args, **kwargs):
+    from torch.autograd.graph import save_on_cpu
+
+    # torch's non-reentrant checkpoint saves the layer's inputs as saved tensors outside its own
+    # hooks, so these hooks take them; inside the layer the checkpoint's hooks save nothing.
+    with save_on_cpu(pin_memory=pin_memory):
+        return checkpoint(function, *args, **kwargs)
+
+
 def lora_parameters(model) -> list[tuple[str, object]]:
     return [(name, p) for name, p in model.named_parameters() if "lora_" in name]
 
@@ -250,7 +277,10 @@ def train(cfg: dict, samples_path: Path, probe_path: Path, out: Path, record: di
     if rank == 0:
         print(f"Gated-DeltaNet: {kernels['gated_deltanet']['implementation']}", flush=True)
     if train_cfg["gradient_checkpointing"]:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        enable_checkpointing(model, offload=train_cfg["offload_activations"], pin_memory=device.type == "cuda")
+    elif train_cfg["offload_activations"]:
+        raise ValueError("train.offload_activations moves the inputs that gradient checkpointing keeps; "
+                         "it needs train.gradient_checkpointing: true")
     model, targets = add_lora(model, cfg["lora"], train_cfg["seed"])
     trainable = [p for _, p in lora_parameters(model)]
     optimizer = torch.optim.AdamW(trainable, lr=train_cfg["lr"], weight_decay=train_cfg["weight_decay"])
@@ -380,7 +410,8 @@ def memory_comparison(probe: dict, rows: list[dict], world: int, ds_config: dict
                          len(longest["frame_indices"]))
     trainable = probe["lora"]["trainable_parameters"]
     predicted = plan_peak(ModelFacts(**facts), sample, trainable, world, ds_config["zero_optimization"], precision,
-                          checkpointing=train_cfg["gradient_checkpointing"], gated_deltanet=gated_deltanet)
+                          checkpointing=train_cfg["gradient_checkpointing"], gated_deltanet=gated_deltanet,
+                          offload_activations=train_cfg["offload_activations"])
     return {"predicted": predicted, "measured": measured}
 
 

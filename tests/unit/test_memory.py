@@ -52,3 +52,17 @@ def test_flowchart_walks_the_lecture_steps():
     assert steps[1]["answer"] == "does not fit"  # 4B x 16 bytes alone is 60 GiB
     assert steps[-1]["question"].startswith("LoRA") and steps[-1]["predicted_gib"] < steps[2]["predicted_gib"]
     assert flowchart(MODEL, SAMPLE, 10_000_000, 2, ZERO, 12.0, bf16_supported=False)[0]["answer"] == "fp16"
+
+
+def test_offloading_takes_weights_and_checkpointed_inputs_off_the_gpu():
+    base = plan_peak(MODEL, SAMPLE, 10_000_000, 2, ZERO)["components_gib"]
+    offloaded = plan_peak(MODEL, SAMPLE, 10_000_000, 2, {**ZERO, "offload_param": {"device": "cpu"}},
+                          offload_activations=True)["components_gib"]
+    assert offloaded["weights_partitioned"] == 0 and base["weights_partitioned"] * GIB == pytest.approx(4e9)
+    # 32 checkpointed layer inputs of 6,600 x 2,560 bf16 values; one stays for its recomputation
+    saved = (base["activations_checkpointed_layers"] - offloaded["activations_checkpointed_layers"]) * GIB
+    assert saved == pytest.approx(31 * 6_600 * 2_560 * 2)
+    options = {"checkpointing": True, "offload_activations": True}
+    more = largest_frames(MODEL, SAMPLE, 10_000_000, 2, {**ZERO, "offload_param": {"device": "cpu"}}, 12.0,
+                          step=16, **options)
+    assert more > largest_frames(MODEL, SAMPLE, 10_000_000, 2, ZERO, 12.0, step=16)
