@@ -208,14 +208,14 @@ def logical_shape(parameter) -> list[int]:
 
 
 def load_checkpoint(model, model_dir: Path, key_map: dict, rank: int) -> dict:
-    """Copy each checkpoint tensor into the model's existing parameter, one gathered parameter at a
-    time, then check every element against the file (:func:`verify_loaded`).
+    """Copy each checkpoint tensor into the model's existing parameters, then check every element
+    against the file (:func:`verify_loaded`).
 
-    Every rank walks the key map in the same order (gathers are collective). Rank 0 writes into
-    the gathered ``nn.Parameter`` (``state_dict(keep_vars=True)`` gives the Parameters, not
-    copies); ZeRO re-partitions it on leaving the context.
+    Under ZeRO-3 each rank writes only what it holds (:func:`local_parts`): its partition of each
+    parameter, straight from the file, with no gather or broadcast; the ranks read the same files.
+    ``state_dict(keep_vars=True)`` gives the Parameters themselves, never copies. ``rank`` is kept
+    for the callers' logs.
     """
-    import deepspeed
     import torch
     from safetensors import safe_open
 
@@ -228,14 +228,9 @@ def load_checkpoint(model, model_dir: Path, key_map: dict, rank: int) -> dict:
                 tensor = handle.get_tensor(key)
                 if list(tensor.shape) != logical_shape(target):
                     raise ValueError(f"{key}: checkpoint shape {list(tensor.shape)} vs model {logical_shape(target)}")
-                if isinstance(target, torch.nn.Parameter) and hasattr(target, "ds_id"):
-                    with deepspeed.zero.GatheredParameters([target], modifier_rank=0):
-                        if rank == 0:
-                            with torch.no_grad():
-                                target.data.copy_(tensor.to(target.dtype))
-                else:
-                    with torch.no_grad():
-                        target.data.copy_(tensor.to(target.dtype))
+                with torch.no_grad():
+                    for part, source in local_parts(target, tensor):
+                        part.copy_(source.to(part.dtype))
     load_seconds = time.perf_counter() - started
     return {"load_seconds": load_seconds, **verify_loaded(model, model_dir, key_map)}
 
@@ -247,24 +242,34 @@ def _by_shard(key_map: dict) -> list[tuple[str, list[tuple[str, str]]]]:
     return sorted(by_shard.items())
 
 
-def matches_file(target, source) -> bool:
-    """Whether a parameter equals its checkpoint tensor element for element, without gathering it.
+def local_parts(target, source) -> list[tuple[object, object]]:
+    """(what this rank holds of a parameter, the matching elements of its checkpoint tensor).
 
-    A ZeRO-3 parameter that is partitioned is compared on this rank's partition only: elements
-    ``[r * n, (r + 1) * n)`` of the flattened tensor, ``n`` the partition size (DeepSpeed's layout;
-    the last partition is padded), so that together the ranks check every element once, each on
-    its own device, with no gather. Anything else is compared whole.
+    A ZeRO-3 parameter's partition on rank ``r`` holds elements ``[r * n, (r + 1) * n)`` of the
+    flattened tensor, ``n`` the partition size (DeepSpeed's layout; the last partition is padded),
+    so that together the ranks cover every element once, each on its own device (or in host
+    memory under offload_param). A parameter that is whole on this rank (not ZeRO-3, persistent,
+    or gathered now) is also its whole tensor.
     """
-    import torch
     import torch.distributed as dist
 
-    if not hasattr(target, "ds_id") or target.data.numel() == target.ds_numel:  # not partitioned now
-        return torch.equal(target.data.detach(), source.to(target.device, target.dtype))
-    partition = target.ds_tensor.detach().view(-1)
-    size = target.ds_tensor.ds_numel
-    start = size * dist.get_rank(group=target.ds_process_group)
-    expected = source.reshape(-1)[start:start + size]
-    return torch.equal(partition[: expected.numel()], expected.to(partition.device, partition.dtype))
+    parts = []
+    if not hasattr(target, "ds_id") or target.data.numel() == target.ds_numel:
+        parts.append((target.data, source))
+    partition = getattr(target, "ds_tensor", None)
+    if partition is not None and partition.numel():
+        size = partition.ds_numel
+        start = size * dist.get_rank(group=target.ds_process_group)
+        expected = source.reshape(-1)[start:start + size]
+        parts.append((partition.data.view(-1)[: expected.numel()], expected))
+    return parts
+
+
+def matches_file(target, source) -> bool:
+    """Whether what this rank holds of a parameter equals the checkpoint, element for element."""
+    import torch
+
+    return all(torch.equal(part, expected.to(part.device, part.dtype)) for part, expected in local_parts(target, source))
 
 
 def verify_loaded(model, model_dir: Path, key_map: dict) -> dict:

@@ -4,8 +4,9 @@
         --samples results/preprocess/manifest.json --probe results/probe/probe.json --out results/train
 
 The model is built inside ``deepspeed.zero.Init`` (partitioned as it is created, no full copy
-per rank) and loaded from the checkpoint through the probe's key map, one gathered parameter at
-a time, writing into the existing ``nn.Parameter``; every entry is then compared with the file.
+per rank) and loaded from the checkpoint through the probe's key map, each rank writing its own
+partition of each existing ``nn.Parameter`` straight from the file; every element is then compared
+with the file, again by the rank that holds it.
 The vision tower and merger stay frozen (their inputs and weights need no gradient, so they
 build no autograd graph); LoRA goes on the language model's modules the probe reported. Each
 rank reads its own samples, and every sample a rank consumes is written to its ledger. The
@@ -98,6 +99,9 @@ def deepspeed_config(path: Path, train_cfg: dict, world: int, precision: str) ->
     ds["zero_allow_untested_optimizer"] = True  # we bring torch's AdamW
     if ds.get("zero_optimization", {}).get("stage") != 3:
         raise ValueError(f"{path}: zero_optimization.stage must be 3")
+    if ds["zero_optimization"].get("offload_param", {}).get("device") == "nvme":
+        raise ValueError(f"{path}: offload_param to nvme is not supported (the loader writes each rank's partition "
+                         "in place, in device or host memory); use \"device\": \"cpu\"")
     leftover = [key for key, value in ds.items() if value == "auto"]
     if leftover:
         raise ValueError(f"{path}: no value for 'auto' keys {leftover}")
@@ -524,6 +528,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     cfg = config_lib.load(args.config, "train")
 
+    # Before the first CUDA allocation. A long clip allocates and frees blocks of many sizes (layer
+    # inputs coming back from the host, offloaded weights); segments that grow keep the cache from
+    # fragmenting (bench/RESULTS.md). A value set by the user wins.
+    os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
     import deepspeed
     import torch
 

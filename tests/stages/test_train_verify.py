@@ -156,6 +156,14 @@ model, keep_alive = build_partitioned_model(model_dir, deepspeed_config(Path(tra
 key_map = json.loads(probe.read_text())["key_map"]
 loaded = load_checkpoint(model, model_dir, key_map, rank)
 parameters = dict(model.named_parameters())
+from safetensors.torch import load_file
+gathered_differ = []  # an independent check of the partition-local load: each tensor gathered whole
+for shard in sorted({entry["shard"] for entry in key_map.values()}):
+    for key, tensor in sorted(load_file(model_dir / shard).items()):
+        parameter = parameters[key_map[key]["parameter"]]
+        with deepspeed.zero.GatheredParameters([parameter]):
+            if not torch.equal(parameter.data, tensor.to(parameter.dtype)):
+                gathered_differ.append(key)
 key = max(key_map, key=lambda k: parameters[key_map[k]["parameter"]].ds_numel)
 partition = parameters[key_map[key]["parameter"]].ds_tensor
 if rank == 1:  # one element of one rank's partition: rank 0 never holds it
@@ -167,7 +175,8 @@ try:
 except ValueError as error:
     outcome = str(error)
 (out / f"rank{rank}.json").write_text(json.dumps({"loaded": loaded["summary"], "outcome": outcome, "key": key,
-                                                  "partition": partition.numel()}))
+                                                  "partition": partition.numel(), "gathered_differ": gathered_differ,
+                                                  "gathered": len(key_map)}))
 '''
 
 
@@ -182,5 +191,6 @@ def test_load_verification_checks_each_rank_partition_and_every_rank_hears_of_a_
     for report in map(lambda r: json.loads(r.read_text()), reports):
         entries = len(json.loads((prepared / "probe" / "probe.json").read_text())["key_map"])
         assert report["loaded"] == f"{entries} of {entries} entries matched"
+        assert report["gathered_differ"] == [] and report["gathered"] == entries
         assert report["partition"] > 0  # ZeRO-3 split the tensor: each rank holds a part
         assert "1 of" in report["outcome"] and report["key"] in report["outcome"], report
