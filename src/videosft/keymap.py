@@ -212,7 +212,7 @@ def load_checkpoint(model, model_dir: Path, key_map: dict, rank: int) -> dict:
     against the file (:func:`verify_loaded`).
 
     Under ZeRO-3 each rank writes only what it holds (:func:`local_parts`): its partition of each
-    parameter, straight from the file, with no gather or broadcast; the ranks read the same files.
+    parameter, straight from the file, with no gather or broadcast, reading only those rows.
     ``state_dict(keep_vars=True)`` gives the Parameters themselves, never copies. ``rank`` is kept
     for the callers' logs.
     """
@@ -225,11 +225,11 @@ def load_checkpoint(model, model_dir: Path, key_map: dict, rank: int) -> dict:
         with safe_open(model_dir / shard, framework="pt") as handle:
             for key, name in entries:
                 target = state[name]
-                tensor = handle.get_tensor(key)
-                if list(tensor.shape) != logical_shape(target):
-                    raise ValueError(f"{key}: checkpoint shape {list(tensor.shape)} vs model {logical_shape(target)}")
+                shape = list(handle.get_slice(key).get_shape())
+                if shape != logical_shape(target):
+                    raise ValueError(f"{key}: checkpoint shape {shape} vs model {logical_shape(target)}")
                 with torch.no_grad():
-                    for part, source in local_parts(target, tensor):
+                    for part, source in local_parts(target, handle, key):
                         part.copy_(source.to(part.dtype))
     load_seconds = time.perf_counter() - started
     return {"load_seconds": load_seconds, **verify_loaded(model, model_dir, key_map)}
@@ -242,34 +242,49 @@ def _by_shard(key_map: dict) -> list[tuple[str, list[tuple[str, str]]]]:
     return sorted(by_shard.items())
 
 
-def local_parts(target, source) -> list[tuple[object, object]]:
-    """(what this rank holds of a parameter, the matching elements of its checkpoint tensor).
+def local_parts(target, handle, key: str) -> list[tuple[object, object]]:
+    """(what this rank holds of a parameter, the matching elements of checkpoint tensor ``key``,
+    read from the open safetensors ``handle``).
 
     A ZeRO-3 parameter's partition on rank ``r`` holds elements ``[r * n, (r + 1) * n)`` of the
     flattened tensor, ``n`` the partition size (DeepSpeed's layout; the last partition is padded),
     so that together the ranks cover every element once, each on its own device (or in host
-    memory under offload_param). A parameter that is whole on this rank (not ZeRO-3, persistent,
-    or gathered now) is also its whole tensor.
+    memory under offload_param), each reading only the rows its elements lie in. A parameter that
+    is whole on this rank (not ZeRO-3, persistent, or gathered now) is also its whole tensor.
     """
     import torch.distributed as dist
 
     parts = []
     if not hasattr(target, "ds_id") or target.data.numel() == target.ds_numel:
-        parts.append((target.data, source))
+        parts.append((target.data, handle.get_tensor(key)))
     partition = getattr(target, "ds_tensor", None)
     if partition is not None and partition.numel():
         size = partition.ds_numel
         start = size * dist.get_rank(group=target.ds_process_group)
-        expected = source.reshape(-1)[start:start + size]
+        expected = read_elements(handle, key, start, min(start + size, target.ds_numel))
         parts.append((partition.data.view(-1)[: expected.numel()], expected))
     return parts
 
 
-def matches_file(target, source) -> bool:
-    """Whether what this rank holds of a parameter equals the checkpoint, element for element."""
+def read_elements(handle, key: str, start: int, stop: int):
+    """Elements ``[start, stop)`` of the flattened tensor ``key``, reading only the rows they lie in."""
+    import math
+
+    tensor = handle.get_slice(key)
+    shape = tensor.get_shape()
+    if len(shape) < 2 or stop <= start:
+        return handle.get_tensor(key).reshape(-1)[start:stop]
+    row = math.prod(shape[1:])
+    first, last = start // row, max(start // row, -(-stop // row))
+    return tensor[first:last].reshape(-1)[start - first * row: stop - first * row]
+
+
+def matches_file(target, handle, key: str) -> bool:
+    """Whether what this rank holds of a parameter equals checkpoint tensor ``key``, element for element."""
     import torch
 
-    return all(torch.equal(part, expected.to(part.device, part.dtype)) for part, expected in local_parts(target, source))
+    return all(torch.equal(part, expected.to(part.device, part.dtype))
+               for part, expected in local_parts(target, handle, key))
 
 
 def verify_loaded(model, model_dir: Path, key_map: dict) -> dict:
@@ -285,7 +300,7 @@ def verify_loaded(model, model_dir: Path, key_map: dict) -> dict:
     for shard, entries in _by_shard(key_map):
         with safe_open(model_dir / shard, framework="pt") as handle:
             for key, name in entries:
-                if not matches_file(state[name], handle.get_tensor(key)):
+                if not matches_file(state[name], handle, key):
                     mismatched.append(key)
     if dist.is_available() and dist.is_initialized():
         everyone: list = [None] * dist.get_world_size()

@@ -59,6 +59,7 @@ def test_offloading_takes_weights_and_checkpointed_inputs_off_the_gpu():
     offloaded = plan_peak(MODEL, SAMPLE, 10_000_000, 2, {**ZERO, "offload_param": {"device": "cpu"}},
                           offload_activations=True)["components_gib"]
     assert offloaded["weights_partitioned"] == 0 and base["weights_partitioned"] * GIB == pytest.approx(4e9)
+    assert offloaded["offload_staging"] * GIB == pytest.approx(600e6 * 2 / 2) and base["offload_staging"] == 0
     # 32 checkpointed layer inputs of 6,600 x 2,560 bf16 values; one stays for its recomputation
     saved = (base["activations_checkpointed_layers"] - offloaded["activations_checkpointed_layers"]) * GIB
     assert saved == pytest.approx(31 * 6_600 * 2_560 * 2)
