@@ -72,6 +72,9 @@ class SampleFacts:
     visual_tokens: int
     supervised_tokens: int
     frames: int
+    # text tokens each further frame pair brings besides its visual tokens: its <t seconds> marker
+    # and vision start / end tokens (about 8 with Qwen3's markers)
+    text_per_pair: float = 0.0
 
 
 def model_facts(model, persistence_threshold: int) -> ModelFacts:
@@ -170,10 +173,11 @@ def plan_peak(model: ModelFacts, sample: SampleFacts, trainable: int, world: int
 
 
 def sample_at_frames(sample: SampleFacts, frames: int) -> SampleFacts:
-    """The same sample with ``frames`` frames at its per-frame budget."""
-    per_pair = sample.visual_tokens / max(1, sample.frames // 2)
-    visual = int(per_pair * frames / 2)
-    return SampleFacts(sample.input_tokens - sample.visual_tokens + visual, visual, sample.supervised_tokens, frames)
+    """The same sample with ``frames`` frames at its per-frame budget (and its per-pair markers)."""
+    pairs = max(1, sample.frames // 2)
+    visual = int(sample.visual_tokens / pairs * frames / 2)
+    text = sample.input_tokens - sample.visual_tokens + sample.text_per_pair * (frames / 2 - pairs)
+    return SampleFacts(visual + round(text), visual, sample.supervised_tokens, frames, sample.text_per_pair)
 
 
 def largest_frames(model: ModelFacts, sample: SampleFacts, trainable: int, world: int, ds_zero: dict,

@@ -62,10 +62,22 @@ def longest_sample(manifest: Path) -> SampleFacts:
     """The sample with the most input tokens, in either split: it sets the activation peak."""
     rows = read_samples(manifest, "train", LENGTH_COLUMNS) + read_samples(manifest, "val", LENGTH_COLUMNS)
     row = max(rows, key=lambda r: r["input_tokens"])
-    return SampleFacts(row["input_tokens"], row["visual_tokens"], row["supervised_tokens"], len(row["frame_indices"]))
+    frames = len(row["frame_indices"])
+    return SampleFacts(row["input_tokens"], row["visual_tokens"], row["supervised_tokens"], frames,
+                       text_per_frame_pair(row["mm_token_type_ids"], frames))
 
 
-LENGTH_COLUMNS = ["input_tokens", "visual_tokens", "supervised_tokens", "frame_indices"]
+LENGTH_COLUMNS = ["input_tokens", "visual_tokens", "supervised_tokens", "frame_indices", "mm_token_type_ids"]
+
+
+def text_per_frame_pair(token_types: list[int], frames: int) -> float:
+    """Text tokens between consecutive frame pairs' video tokens (a pair's <t seconds> marker and its
+    vision start / end tokens): what one more frame pair adds besides its visual tokens."""
+    video = [i for i, kind in enumerate(token_types) if kind]
+    pairs = frames // 2
+    if pairs < 2 or not video:
+        return 0.0
+    return sum(1 for kind in token_types[video[0]:video[-1] + 1] if not kind) / (pairs - 1)
 
 
 def memory_plan(model, cfg: dict, trainable: int, manifest: Path) -> dict:

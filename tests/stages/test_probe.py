@@ -269,6 +269,31 @@ def test_the_probe_plans_memory_for_the_longest_sample(prepared, demo_config):
     assert [step["question"] for step in plan["flowchart"]][0] == "mixed precision?"
 
 
+def test_the_plan_scales_a_sample_to_other_frame_counts_markers_included(prepared, demo_config, tmp_path):
+    """The same windows preprocessed at 8 frames instead of 16: the planner's 16-frame samples scaled
+    to 8 frames predict their token counts (visual tokens and the per-pair <t seconds> markers)."""
+    import pyarrow.parquet as pq
+
+    from videosft import preprocess
+    from videosft.memory import SampleFacts, sample_at_frames
+
+    cfg = {**demo_config, "video": {"max_frames": 8, "min_frames": 4}}
+    assert preprocess.main(["--config", stage_json("preprocess", cfg), "--windows",
+                            str(prepared / "window" / "windows.parquet"), "--out", str(tmp_path / "eight")]) == 0
+    eight = {r["window_id"]: r for path in (tmp_path / "eight").glob("*.parquet")
+             for r in pq.read_table(path, columns=["window_id", "input_tokens", "frame_indices"]).to_pylist()}
+    sixteen = preprocess.read_samples(prepared / "preprocess" / "manifest.json", "train", probe.LENGTH_COLUMNS
+                                      + ["window_id"])
+    assert sixteen and all(len(r["frame_indices"]) == 16 for r in sixteen)
+    for row in sixteen:
+        sample = SampleFacts(row["input_tokens"], row["visual_tokens"], row["supervised_tokens"], 16,
+                                   probe.text_per_frame_pair(row["mm_token_type_ids"], 16))
+        assert len(eight[row["window_id"]]["frame_indices"]) == 8
+        assert 7 <= sample.text_per_pair <= 10
+        # markers differ by a token where a time gains a digit (9.5 s -> 10.5 s)
+        assert abs(sample_at_frames(sample, 8).input_tokens - eight[row["window_id"]]["input_tokens"]) <= 2
+
+
 SPARSE_PROBE = """
 import json, resource, sys, time
 from pathlib import Path
