@@ -35,7 +35,7 @@ sys.path.insert(0, str(ROOT / "src"))
 from videosft import config as config_lib  # noqa: E402
 from videosft.budget import resolve_budget  # noqa: E402
 from videosft.budget import plan  # noqa: E402
-from videosft.preprocess import ShardWriter, build_sample, gather, model_hashes, processor_geometry  # noqa: E402
+from videosft.preprocess import SCHEMA_VERSION, ShardWriter, build_sample, gather, model_hashes, processor_geometry  # noqa: E402
 from videosft.video import Clip  # noqa: E402
 
 FRAME_SIDE = 448  # 448 / (16 x 2) = 14 merged tokens per side
@@ -103,7 +103,7 @@ def build_samples(cfg: dict, out: Path, windows: int, seconds: float, ranges: in
     shard = out / "shards" / "0"
     shard.mkdir(parents=True, exist_ok=True)
     (shard / "rejects.jsonl").write_text("")
-    metadata = {"schema_version": 1, "budget": budget.as_dict(), "geometry": geometry,
+    metadata = {"schema_version": SCHEMA_VERSION, "budget": budget.as_dict(), "geometry": geometry,
                 "model_files_sha256": model_hashes(Path(cfg["model"]["path"])), "max_length": cfg["data"]["max_length"]}
     writer = ShardWriter(shard, metadata, 2**40)
     facts: dict[str, list] = {k: [] for k in ("visual_tokens", "text_tokens", "input_tokens", "supervised_tokens",

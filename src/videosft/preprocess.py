@@ -40,7 +40,7 @@ from .rejects import Rejects
 from .video import Clip, VideoFile
 from .window import resolve_video
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: second_per_grid (Qwen2.5-VL's time step per frame pair)
 # Seconds of frame time per unit of VideoMetadata.frames_indices: the processor writes
 # frames_indices / fps as each frame's time, so indices in milliseconds of window time make its
 # <t seconds> markers the container's timestamps minus the window start, also for variable
@@ -69,6 +69,7 @@ SAMPLE_SCHEMA = pa.schema(
         ("supervised_tokens", pa.int32()),
         ("decode_seconds", pa.float64()),
         ("budget_max_tokens", pa.int32()),  # per frame pair; below video.max_tokens when fitted
+        ("second_per_grid", pa.float64()),  # Qwen2.5-VL's seconds per frame pair; null where markers tell time
         ("input_ids", pa.list_(pa.int32())),
         ("labels", pa.list_(pa.int32())),
         ("mm_token_type_ids", pa.list_(pa.int8())),
@@ -97,16 +98,30 @@ def model_hashes(model_path: Path) -> dict:
     return {name: sha256_file(model_path / name) for name in names if (model_path / name).exists()}
 
 
+def tells_time_by_grid(processor) -> bool:
+    """Whether the model learns time from a fixed step per frame pair (Qwen2.5-VL's
+    ``second_per_grid_ts`` in its M-RoPE positions) rather than from ``<t seconds>`` markers in the
+    prompt (Qwen3-VL, Qwen3.5)."""
+    return "second_per_grid_ts" in processor.model_input_names
+
+
 def encode(processor, clip: Clip, text: str):
     from transformers.video_utils import VideoMetadata
 
-    metadata = VideoMetadata(
-        total_num_frames=len(clip.frame_indices),
-        fps=TIME_BASE,
-        frames_indices=[int(round(t * TIME_BASE)) for t in clip.local_times],
-        height=clip.plan.height,
-        width=clip.plan.width,
-    )
+    if tells_time_by_grid(processor):
+        # the processor takes the step from the metadata's sampled_fps: the clip's mean frame rate
+        span = clip.local_times[-1] - clip.local_times[0]
+        count = len(clip.local_times)
+        metadata = VideoMetadata(total_num_frames=count, fps=(count - 1) / span if span > 0 else TIME_BASE,
+                                 frames_indices=list(range(count)), height=clip.plan.height, width=clip.plan.width)
+    else:
+        metadata = VideoMetadata(
+            total_num_frames=len(clip.frame_indices),
+            fps=TIME_BASE,
+            frames_indices=[int(round(t * TIME_BASE)) for t in clip.local_times],
+            height=clip.plan.height,
+            width=clip.plan.width,
+        )
     return processor(
         text=[text],
         videos=[clip.frames],
@@ -146,12 +161,26 @@ def encode_window(window: dict, video: VideoFile, processor, cfg: dict, budget: 
     visual_tokens = sum(token == processor.video_token_id for token in input_ids)
     if visual_tokens != clip.plan.visual_tokens:
         raise SampleError(f"{visual_tokens} video tokens in the prompt, grid implies {clip.plan.visual_tokens}")
-    markers = prompt_timestamps(processor.tokenizer.decode(input_ids))
     expected = frame_pair_times(clip.local_times, geometry["temporal_patch_size"])
-    if len(markers) != len(expected) or any(abs(a - b) > MARKER_TOLERANCE for a, b in zip(markers, expected)):
-        raise SampleError(f"prompt frame times {markers} differ from the window's frame times "
-                          f"{[round(t, 3) for t in expected]}")
+    if tells_time_by_grid(processor):
+        check_grid_times(float(encoded["second_per_grid_ts"][0]), expected)
+    else:
+        markers = prompt_timestamps(processor.tokenizer.decode(input_ids))
+        if len(markers) != len(expected) or any(abs(a - b) > MARKER_TOLERANCE for a, b in zip(markers, expected)):
+            raise SampleError(f"prompt frame times {markers} differ from the window's frame times "
+                              f"{[round(t, 3) for t in expected]}")
     return clip, encoded, input_ids, grid, visual_tokens, answer, decode_seconds
+
+
+def check_grid_times(step: float, pair_times: list[float]) -> None:
+    """Qwen2.5-VL places frame pair k at k x ``step`` from the first: every pair's real time must be
+    within half a step of that, else the model's clock and the answer's disagree (a variable frame
+    rate that a fixed step cannot follow)."""
+    worst = max(abs(t - pair_times[0] - k * step) for k, t in enumerate(pair_times))
+    if worst > step / 2:
+        raise SampleError(f"frame pairs are {worst:.3f} s off the fixed step of {step:.3f} s that Qwen2.5-VL "
+                          f"assumes (pair times {[round(t, 3) for t in pair_times]}); the frame rate varies too "
+                          "much in this window for a model that tells time by a fixed step")
 
 
 def fitted_budget(budget: Budget, input_tokens: int, visual_tokens: int, pairs: int, max_length: int) -> Budget | None:
@@ -208,6 +237,7 @@ def build_sample(window: dict, video: VideoFile, processor, cfg: dict, budget: B
         "supervised_tokens": supervised,
         "decode_seconds": decode_seconds,
         "budget_max_tokens": budget.max_tokens,
+        "second_per_grid": float(encoded["second_per_grid_ts"][0]) if "second_per_grid_ts" in encoded else None,
         "input_ids": input_ids,
         "labels": labels,
         "mm_token_type_ids": encoded["mm_token_type_ids"][0].tolist(),

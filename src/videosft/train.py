@@ -64,7 +64,10 @@ def collate(rows: list[dict], pad_id: int):
         return torch.tensor([row[key] + [fill] * (length - len(row[key])) for row in rows], dtype=dtype)
 
     pixels = [np.frombuffer(row["pixel_values"], dtype=np.float16).reshape(row["pixel_shape"]) for row in rows]
-    return {
+    # Qwen2.5-VL's time step per frame pair; without it the model assumes one second
+    timing = {"second_per_grid_ts": torch.tensor([row["second_per_grid"] for row in rows])} \
+        if rows[0].get("second_per_grid") is not None else {}
+    return {**timing,
         "input_ids": padded("input_ids", pad_id, torch.long),
         "labels": padded("labels", IGNORE_INDEX, torch.long),
         "attention_mask": torch.tensor([[1] * len(r["input_ids"]) + [0] * (length - len(r["input_ids"])) for r in rows]),
