@@ -280,10 +280,14 @@ def read_elements(handle, key: str, start: int, stop: int):
 
 
 def matches_file(target, handle, key: str) -> bool:
-    """Whether what this rank holds of a parameter equals checkpoint tensor ``key``, element for element."""
+    """Whether what this rank holds of a parameter equals checkpoint tensor ``key``, element for element.
+
+    Compared on this rank's GPU when it has one, also for partitions kept in host memory under
+    offload_param (comparing those on the host took 3.6-4.8 s for Qwen3.5-4B, bench/RESULTS.md)."""
     import torch
 
-    return all(torch.equal(part, expected.to(part.device, part.dtype))
+    device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else None
+    return all(torch.equal(part.to(device or part.device), expected.to(device or part.device, part.dtype))
                for part, expected in local_parts(target, handle, key))
 
 
