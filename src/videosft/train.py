@@ -64,10 +64,7 @@ def collate(rows: list[dict], pad_id: int):
         return torch.tensor([row[key] + [fill] * (length - len(row[key])) for row in rows], dtype=dtype)
 
     pixels = [np.frombuffer(row["pixel_values"], dtype=np.float16).reshape(row["pixel_shape"]) for row in rows]
-    # Qwen2.5-VL's time step per frame pair; without it the model assumes one second
-    timing = {"second_per_grid_ts": torch.tensor([row["second_per_grid"] for row in rows])} \
-        if rows[0].get("second_per_grid") is not None else {}
-    return {**timing,
+    batch = {
         "input_ids": padded("input_ids", pad_id, torch.long),
         "labels": padded("labels", IGNORE_INDEX, torch.long),
         "attention_mask": torch.tensor([[1] * len(r["input_ids"]) + [0] * (length - len(r["input_ids"])) for r in rows]),
@@ -75,6 +72,9 @@ def collate(rows: list[dict], pad_id: int):
         "pixel_values_videos": torch.from_numpy(np.concatenate(pixels)).float(),
         "video_grid_thw": torch.tensor([row["video_grid_thw"] for row in rows], dtype=torch.long),
     }
+    if rows[0].get("second_per_grid") is not None:  # Qwen2.5-VL's time step; without it the model assumes 1 s
+        batch["second_per_grid_ts"] = torch.tensor([row["second_per_grid"] for row in rows])
+    return batch
 
 
 # ---------------------------------------------------------------- model
@@ -149,8 +149,8 @@ def enable_checkpointing(model, offload: bool, pin_memory: bool) -> None:
     asynchronously), and comes back when the backward pass reaches the layer.
 
     transformers' own ``offload=True`` always asks for pinned memory, which fails without a GPU; and
-    a ``save_on_cpu`` around the whole model would also move tensors saved outside the layers (the
-    gathered LM head weight, 1.3 GB on Qwen3.5-4B) on every step."""
+    a ``save_on_cpu`` around the whole model would also move every tensor saved outside the layers
+    (the LM head's input and weight among them) on every step."""
     import functools
 
     model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
