@@ -207,14 +207,13 @@ def logical_shape(parameter) -> list[int]:
     return list(getattr(parameter, "ds_shape", parameter.shape))
 
 
-def load_checkpoint(model, model_dir: Path, key_map: dict, rank: int) -> dict:
+def load_checkpoint(model, model_dir: Path, key_map: dict) -> dict:
     """Copy each checkpoint tensor into the model's existing parameters, then check every element
     against the file (:func:`verify_loaded`).
 
     Under ZeRO-3 each rank writes only what it holds (:func:`local_parts`): its partition of each
     parameter, straight from the file, with no gather or broadcast, reading only those rows.
-    ``state_dict(keep_vars=True)`` gives the Parameters themselves, never copies. ``rank`` is kept
-    for the callers' logs.
+    ``state_dict(keep_vars=True)`` gives the Parameters themselves, never copies.
     """
     import torch
     from safetensors import safe_open

@@ -43,7 +43,7 @@ from .window import resolve_video
 SCHEMA_VERSION = 2  # 2: second_per_grid (Qwen2.5-VL's time step per frame pair)
 # Seconds of frame time per unit of VideoMetadata.frames_indices: the processor writes
 # frames_indices / fps as each frame's time, so indices in milliseconds of window time make its
-# <t seconds> markers the container's timestamps minus the window start, also for variable
+# <t seconds> markers the frames' presentation times minus the window start, also for variable
 # frame rates.
 TIME_BASE = 1000.0
 ROW_GROUP = 8
@@ -108,20 +108,14 @@ def tells_time_by_grid(processor) -> bool:
 def encode(processor, clip: Clip, text: str):
     from transformers.video_utils import VideoMetadata
 
-    if tells_time_by_grid(processor):
-        # the processor takes the step from the metadata's sampled_fps: the clip's mean frame rate
+    count = len(clip.local_times)
+    if tells_time_by_grid(processor):  # its step comes from the metadata's sampled_fps: the clip's mean rate
         span = clip.local_times[-1] - clip.local_times[0]
-        count = len(clip.local_times)
-        metadata = VideoMetadata(total_num_frames=count, fps=(count - 1) / span if span > 0 else TIME_BASE,
-                                 frames_indices=list(range(count)), height=clip.plan.height, width=clip.plan.width)
-    else:
-        metadata = VideoMetadata(
-            total_num_frames=len(clip.frame_indices),
-            fps=TIME_BASE,
-            frames_indices=[int(round(t * TIME_BASE)) for t in clip.local_times],
-            height=clip.plan.height,
-            width=clip.plan.width,
-        )
+        fps, indices = ((count - 1) / span if span > 0 else TIME_BASE), list(range(count))
+    else:  # its markers are frames_indices / fps: milliseconds of window time
+        fps, indices = TIME_BASE, [int(round(t * TIME_BASE)) for t in clip.local_times]
+    metadata = VideoMetadata(total_num_frames=count, fps=fps, frames_indices=indices, height=clip.plan.height,
+                             width=clip.plan.width)
     return processor(
         text=[text],
         videos=[clip.frames],

@@ -277,7 +277,7 @@ def train(cfg: dict, samples_path: Path, probe_path: Path, out: Path, record: di
     ds_config = deepspeed_config(Path(train_cfg["deepspeed_config"]), train_cfg, world, precision)
     started = time.perf_counter()
     model, _hf_ds_config = build_partitioned_model(model_dir, ds_config)
-    load = load_checkpoint(model, model_dir, probe["key_map"], rank)
+    load = load_checkpoint(model, model_dir, probe["key_map"])
     load["build_and_load_seconds"] = time.perf_counter() - started
     # fla's kernels only after they match the torch reference at this model's shapes (raises if not)
     kernels = {"gated_deltanet": select_gated_delta_rule(model, device, max(r["input_tokens"] for r in rows))}

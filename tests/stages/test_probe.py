@@ -200,7 +200,7 @@ def test_the_loader_writes_into_the_existing_parameters(demo_dir):
     model = model_class(config)._from_config(config)
     model.model.visual.requires_grad_(False)
     before = {name: (parameter, parameter.requires_grad) for name, parameter in model.named_parameters()}
-    result = load_checkpoint(model, model_dir, key_map, rank=0)
+    result = load_checkpoint(model, model_dir, key_map)
     assert result["matched"] == result["entries"] == len(key_map)
     after = dict(model.named_parameters())
     for name, (parameter, flag) in before.items():

@@ -154,7 +154,7 @@ train_cfg = config_lib.resolve({})["train"]
 model, keep_alive = build_partitioned_model(model_dir, deepspeed_config(Path(train_cfg["deepspeed_config"]), train_cfg,
                                                                       world, "fp32"))
 key_map = json.loads(probe.read_text())["key_map"]
-loaded = load_checkpoint(model, model_dir, key_map, rank)
+loaded = load_checkpoint(model, model_dir, key_map)
 parameters = dict(model.named_parameters())
 from safetensors.torch import load_file
 gathered_differ = []  # an independent check of the partition-local load: each tensor gathered whole
