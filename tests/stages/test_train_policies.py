@@ -36,7 +36,10 @@ def kill_tree(process: subprocess.Popen) -> None:
     """SIGKILL torchrun and every worker (workers may sit in their own process groups)."""
     if process.poll() is None:
         for child in psutil.Process(process.pid).children(recursive=True):
-            child.kill()
+            try:
+                child.kill()
+            except psutil.NoSuchProcess:  # it ended between the listing and the kill
+                pass
         process.kill()
     process.wait()
 
