@@ -8,7 +8,7 @@ import random
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
 from videosft.window import (
@@ -25,6 +25,7 @@ PROPERTY = settings(
     max_examples=200, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow]
 )
 EPS = 1e-6  # window_bounds keeps times to the microsecond; lengths may differ from `length` by that
+FITS = 1e-9  # window_bounds counts a window that overshoots the end by less than this as fitting
 ROUNDTRIP = 1e-9  # float slack for local + start vs source in the property tests (exact check: below)
 
 DATA = {"format": "videosft", "video_suffix": ".mp4"}  # the data config parse_annotation reads
@@ -216,6 +217,7 @@ def _assert_covers(bounds: list, duration: float) -> None:
 
 @PROPERTY
 @given(setup=window_setups())
+@example(setup=(0.05, 0.05000000000000001, 0.05000000000000001, "drop"))  # one window, within float noise
 def test_window_bounds_properties(setup):
     duration, length, stride, tail = setup
     bounds = window_bounds(duration, length, stride, tail)
@@ -227,7 +229,7 @@ def test_window_bounds_properties(setup):
 
     if tail in ("shift", "short"):
         _assert_covers(bounds, duration)
-    if duration < length:
+    if duration < length - FITS:  # shorter than one window beyond float noise
         assert bounds == ([] if tail == "drop" else [(0.0, duration)])
         return
     if tail == "shift":
