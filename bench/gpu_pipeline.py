@@ -177,13 +177,17 @@ def main() -> None:
     parser.add_argument("--deepspeed-config", type=Path, default=ROOT / "workflow/deepspeed/zero3.json",
                         help="train.deepspeed_config (default: the pipeline's default)")
     parser.add_argument("--offload-activations", action="store_true", help="train.offload_activations")
+    parser.add_argument("--train", nargs="+", default=[], metavar="KEY=JSON",
+                        help="further train settings, e.g. gather_whole_blocks=true gradient_checkpointing=false")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
+    train_settings = {key: json.loads(value) for key, value in (item.split("=", 1) for item in args.train)}
     work = args.work
     model_dir = work / "model"
     results: dict = {"config": args.config.name, "frames": args.frames, "gpus": args.gpus,
-                     "deepspeed_config": args.deepspeed_config.name, "offload_activations": args.offload_activations}
+                     "deepspeed_config": args.deepspeed_config.name, "offload_activations": args.offload_activations,
+                     "train_settings": train_settings}
 
     if not (model_dir / "model.safetensors.index.json").exists():
         results["checkpoint"] = build_checkpoint(args.config, model_dir)
@@ -194,7 +198,7 @@ def main() -> None:
                   "max_tokens": 196},
         "train": {"steps": args.steps, "deepspeed_config": str(args.deepspeed_config.resolve()),
                   "timeout_s": 600, "profile_step": args.profile_step,
-                  "offload_activations": args.offload_activations},
+                  "offload_activations": args.offload_activations, **train_settings},
         "memory": {"world_sizes": [1, 2, 4]},
         "verify": {"forward_samples": 1},
     })
@@ -204,7 +208,8 @@ def main() -> None:
     if not manifest.exists():
         results["samples"] = build_samples(cfg, samples_dir, windows, 32.0, 18)
 
-    variant = args.deepspeed_config.stem + ("-offload_activations" if args.offload_activations else "")
+    variant = args.deepspeed_config.stem + ("-offload_activations" if args.offload_activations else "") + \
+        "".join(f"-{key}={value}" for key, value in sorted(train_settings.items()))
     probe_out = samples_dir / f"probe-{variant}"
     results["probe_seconds"] = run([sys.executable, "-m", "videosft.probe", "--config", stage_config("probe", cfg),
                                     "--samples", str(manifest), "--out", str(probe_out)], args.out / "probe.log")
@@ -247,7 +252,8 @@ def main() -> None:
 
 def print_table(results: dict) -> None:
     print(f"\n{results['config']}, {results['frames']} frames, {results['gpus']} GPUs, {results['deepspeed_config']}, "
-          f"offload_activations {results['offload_activations']}; samples {results.get('samples')}")
+          f"offload_activations {results['offload_activations']}, train {results['train_settings']}; "
+          f"samples {results.get('samples')}")
     print(f"checkpoint {results['checkpoint_gib']:.1f} GiB, cat {results['cat_checkpoint_seconds']:.1f} s")
     header = ["limit", "rank", "step s", "tok/s/GPU", "alloc GiB", "reserved GiB", "pred alloc", "pred reserved",
               "load s", "verify-load s"]

@@ -161,6 +161,25 @@ def enable_checkpointing(model, offload: bool, pin_memory: bool) -> None:
                     _checkpoint_inputs_on_host, module._gradient_checkpointing_func, pin_memory)
 
 
+def gather_whole_blocks(model) -> list[str]:
+    """Mark the model's no-split blocks (decoder layers, vision blocks) as ZeRO-3 leaf modules.
+
+    ZeRO-3 then fetches a block's weights in one gather when the block starts and releases them when
+    it ends, instead of running its fetch / release hooks around every linear layer and norm inside
+    it: on Qwen3.5-4B about 1,000 gathers of 5 MB and the hook work around each, three times a step
+    (forward, recomputation, backward). Returns the block class names."""
+    from deepspeed.utils import set_z3_leaf_modules
+
+    wanted = set(getattr(model, "_no_split_modules", None) or [])
+    classes = sorted({type(module) for module in model.modules() if type(module).__name__ in wanted},
+                     key=lambda cls: cls.__name__)
+    if not classes:
+        raise ValueError(f"train.gather_whole_blocks: {type(model).__name__} names no blocks to gather whole "
+                         f"(_no_split_modules {sorted(wanted)}); set it to false for this model")
+    set_z3_leaf_modules(model, classes)
+    return [cls.__name__ for cls in classes]
+
+
 def _checkpoint_inputs_on_host(checkpoint, pin_memory: bool, function, *args, **kwargs):
     from torch.autograd.graph import save_on_cpu
 
@@ -288,6 +307,7 @@ def train(cfg: dict, samples_path: Path, probe_path: Path, out: Path, record: di
     elif train_cfg["offload_activations"]:
         raise ValueError("train.offload_activations moves the inputs that gradient checkpointing keeps; "
                          "it needs train.gradient_checkpointing: true")
+    leaf_blocks = gather_whole_blocks(model) if train_cfg["gather_whole_blocks"] else []
     model, targets = add_lora(model, cfg["lora"], train_cfg["seed"])
     trainable = [p for _, p in lora_parameters(model)]
     optimizer = torch.optim.AdamW(trainable, lr=train_cfg["lr"], weight_decay=train_cfg["weight_decay"])
@@ -386,7 +406,7 @@ def train(cfg: dict, samples_path: Path, probe_path: Path, out: Path, record: di
         "losses_rank0": [json.loads(line)["loss"] for line in (out / "steps.rank0.jsonl").read_text().splitlines()],
         "samples": len(rows),
         "ledger": check_ledgers(out, world, len(rows), plan_for, [r["window_id"] for r in rows], smoke),
-        "zero_stage": ds_config["zero_optimization"]["stage"],
+        "zero_stage": ds_config["zero_optimization"]["stage"], "zero3_leaf_blocks": leaf_blocks,
         "memory": memory_comparison(probe, rows, world, ds_config, precision, train_cfg, all_peaks,
                                     kernels["gated_deltanet"]["implementation"]),
     }
