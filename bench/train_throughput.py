@@ -18,7 +18,9 @@ Trainers (``--trainers``):
   kernels only after the stage's own check against the torch implementation).
   ``ours-conservative``: the same with the field notes' config (pinned; today's default has the
   same settings); ``ours-tuned``: with `workflow/deepspeed/zero3_tuned.json`; ``ours-replicated``:
-  the tuned config with every parameter persistent (no ZeRO-3 gathers; weights whole on every rank).
+  the tuned config with every parameter persistent (no ZeRO-3 gathers; weights whole on every rank);
+  ``ours-unfused``: without the fused norm / SwiGLU / conv kernels (`VIDEOSFT_FUSED_KERNELS=torch`);
+  ``ours-per-module``: ZeRO-3 gathering per module (`train.gather_whole_blocks: false`).
 
 Same checkpoint, samples (from bench/gpu_pipeline.py's builder), LoRA targets and rank, steps.
 Per trainer and frame count: tokens/s per GPU (median after the first step), peak allocated /
@@ -93,8 +95,9 @@ if options["gdn"] == "fla":
     from videosft.kernels import bypass_hopper_guard, fla_status
     bypassed = fla_status()["importable"] and bypass_hopper_guard()
 modeling = sys.modules[type(model).__module__]
-bound = [c.cell_contents for c in (modeling.torch_chunk_gated_delta_rule.__closure__ or ()) if callable(c.cell_contents)]
-gdn = "fla" if any(getattr(f, "__module__", "").startswith("fla") for f in bound) else "torch"
+chunked = getattr(modeling, "torch_chunk_gated_delta_rule", None)  # None: no Gated-DeltaNet layers (Qwen3-VL)
+bound = [c.cell_contents for c in (getattr(chunked, "__closure__", None) or ()) if callable(c.cell_contents)]
+gdn = None if chunked is None else "fla" if any(getattr(f, "__module__", "").startswith("fla") for f in bound) else "torch"
 model.gradient_checkpointing_enable()
 model.enable_input_require_grads()
 model = get_peft_model(model, LoraConfig(r=8, lora_alpha=16, lora_dropout=0.05, target_modules=["q_proj", "v_proj"]))
@@ -171,6 +174,9 @@ TRAINERS = {
     "ours-conservative": {"kind": "ours", "base": CONSERVATIVE, "zero": {}},
     "ours-tuned": {"kind": "ours", "base": TUNED, "zero": {}},
     "ours-replicated": {"kind": "ours", "base": TUNED, "zero": {"stage3_param_persistence_threshold": 10**12}},
+    # one lever off at a time, the rest as the default
+    "ours-unfused": {"kind": "ours", "base": DEFAULT, "zero": {}, "env": {"VIDEOSFT_FUSED_KERNELS": "torch"}},
+    "ours-per-module": {"kind": "ours", "base": DEFAULT, "zero": {}, "train": {"gather_whole_blocks": False}},
 }
 RUN_ESTIMATE_S = {"plain": 100, "savvy": 60}  # what one run needs, to skip runs past --deadline-s (others: 70)
 
@@ -243,7 +249,8 @@ class Bench:
             command = [str(script), str(self.model_dir), str(manifest), str(out), str(steps), str(ROOT / "src"),
                        json.dumps(options)]
         else:
-            train_cfg = {**cfg, "train": {**cfg["train"], "steps": steps, "deepspeed_config": str(ds_file)}}
+            train_cfg = {**cfg, "train": {**cfg["train"], "steps": steps, "deepspeed_config": str(ds_file),
+                                          **spec.get("train", {})}}
             command = ["-m", "videosft.train", "--config", json.dumps(config_lib.stage_config("train", train_cfg)),
                        "--samples", str(manifest), "--probe", str(data / "probe" / "probe.json"), "--out", str(out)]
         log = self.args.work / "logs" / f"{name}-{frames}-{limit_gib:g}.log"
@@ -252,7 +259,7 @@ class Bench:
         with open(log, "w") as handle:
             code = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
                                    f"--nproc_per_node={self.args.gpus}", *command], stdout=handle,
-                                  stderr=subprocess.STDOUT, cwd=ROOT, env=self.env).returncode
+                                  stderr=subprocess.STDOUT, cwd=ROOT, env={**self.env, **spec.get("env", {})}).returncode
         wall = time.perf_counter() - started
         marker = out / ("run_record.json" if spec["kind"] == "ours" else "load.json")
         finished = marker.exists() and json.loads(marker.read_text()).get("status", "ok") == "ok" and all(
@@ -272,7 +279,9 @@ class Bench:
             gdn = record.get("kernels", {}).get("gated_deltanet", {})
             kernels = {"gated_deltanet": gdn.get("implementation"), "check_seconds": gdn.get("check_seconds"),
                        "hopper_guard_bypassed": gdn.get("hopper_guard_bypassed"),
-                       "max_relative_error": max((c["max_relative_error"] for c in gdn.get("checks", [])), default=None)}
+                       "max_relative_error": max((c["max_relative_error"] for c in gdn.get("checks", [])), default=None),
+                       "fused": record.get("kernels", {}).get("fused", {}).get("implementation"),
+                       "zero3_leaf_blocks": record.get("zero3_leaf_blocks")}
         else:
             facts = json.loads((out / "load.json").read_text())
             load, predicted = facts["load_seconds"], {}

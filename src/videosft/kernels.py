@@ -21,8 +21,7 @@ is exact (fp32 inside) but slow. This module makes the choice explicit and check
   what runs is what the run record says, whatever transformers picked at import.
 
 Only the chunked form is switched: training never takes the recurrent (single-token, cached) path.
-The causal 1-D convolution before it stays transformers' choice (``causal_conv1d`` if installed,
-else ``torch.nn.functional.conv1d``); the record says which.
+The causal 1-D convolution before it, and the norms around it, are :mod:`videosft.fused`'s.
 """
 
 from __future__ import annotations
@@ -236,8 +235,7 @@ def select_gated_delta_rule(model, device, longest_tokens: int, requested: str |
     if requested not in CHOICES:
         raise ValueError(f"{ENV}={requested!r}: choose one of {', '.join(CHOICES)}")
     shapes = layer_shapes(model)
-    record = {"requested": requested, "implementation": None,
-              "conv1d": "causal_conv1d" if importlib.util.find_spec("causal_conv1d") else "torch conv1d"}
+    record = {"requested": requested, "implementation": None}
     if not shapes:
         record["reason"] = "the model has no Gated-DeltaNet layers"
         return record

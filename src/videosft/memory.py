@@ -22,8 +22,10 @@ calibrated against measured peaks (bench/RESULTS.md), one pair per Gated-DeltaNe
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
+from .fused import ENV as FUSED_ENV
 from .kernels import gpu_implementation
 
 GIB = 2**30
@@ -34,13 +36,20 @@ GIB = 2**30
 BACKWARD_OVER_FORWARD = 4.6
 # Caching allocator: reserved memory over the live peak (measured 1.085 and 1.094 in those runs).
 RESERVED_OVER_ALLOCATED = 1.09
-# The same two with flash-linear-attention's kernels (no fp32 chunk intermediates): from the measured
-# peak at 128 frames on 2x H200 (9.96 GiB allocated, 11.46 reserved; bench/RESULTS.md), one point, so
-# the layer factor also absorbs the other components' error there. Checked since on 11 runs, 16 to 384
-# frames, both DeepSpeed profiles: within 15% of every peak (bench/RESULTS.md).
-FLA_BACKWARD_OVER_FORWARD = 1.8
-FLA_RESERVED_OVER_ALLOCATED = 1.15
+# The same two with flash-linear-attention's Gated-DeltaNet kernel but transformers' own norms,
+# SwiGLU and convolution (train.fused_kernels: torch): from the measured peak at 128 frames on 2x
+# H200 (9.96 GiB allocated, 11.46 reserved; bench/RESULTS.md), one point, so the layer factor also
+# absorbs the other components' error there. Checked on 11 runs, 16 to 384 frames, both DeepSpeed
+# profiles: within 15% of every peak (bench/RESULTS.md).
+UNFUSED_BACKWARD_OVER_FORWARD = 1.8
+UNFUSED_RESERVED_OVER_ALLOCATED = 1.15
+# fla everywhere (its Gated-DeltaNet and videosft.fused's kernels), the default on a GPU with fla: the
+# fused kernels keep fewer tensors for the backward pass. Fitted on two runs at 128 frames on 2x H200
+# under expandable segments (Qwen3.5-4B 10.51 / 10.78 GiB, Qwen3-VL-8B 15.54 / 15.88; bench/RESULTS.md).
+FLA_BACKWARD_OVER_FORWARD = 1.0
+FLA_RESERVED_OVER_ALLOCATED = 1.06
 COEFFICIENTS = {"torch": (BACKWARD_OVER_FORWARD, RESERVED_OVER_ALLOCATED),
+                "fla-unfused": (UNFUSED_BACKWARD_OVER_FORWARD, UNFUSED_RESERVED_OVER_ALLOCATED),
                 "fla": (FLA_BACKWARD_OVER_FORWARD, FLA_RESERVED_OVER_ALLOCATED)}
 # fp32 logits upcast + their gradient, on top of the logits in the training precision.
 LOGIT_EXTRA_BYTES = 8
@@ -125,13 +134,15 @@ def precision_bytes(precision: str) -> int:
 
 def plan_peak(model: ModelFacts, sample: SampleFacts, trainable: int, world: int, ds_zero: dict,
               precision: str = "bf16", sliced_logits: bool = True, checkpointing: bool = True,
-              gated_deltanet: str | None = None, offload_activations: bool = False) -> dict:
-    """Predicted peak bytes per rank, by component (``gated_deltanet``: "torch" or "fla"; None: as
-    :func:`videosft.kernels.gpu_implementation` says). ``ds_zero["offload_param"]`` on the host
+              kernels: str | None = None, offload_activations: bool = False,
+              whole_blocks: bool = False) -> dict:
+    """Predicted peak bytes per rank, by component (``kernels``: a key of ``COEFFICIENTS``, the
+    kernel set the run uses; None: as :func:`planned_kernels` says). ``ds_zero["offload_param"]`` on the host
     takes the weights' partition off the GPU; ``offload_activations`` the checkpointed layer inputs
-    (one comes back at a time, for its layer's recomputation)."""
-    gated_deltanet = gated_deltanet or gpu_implementation()
-    backward_over_forward, reserved_over_allocated = COEFFICIENTS[gated_deltanet]
+    (one comes back at a time, for its layer's recomputation); ``whole_blocks``: ZeRO-3 gathers
+    whole decoder layers (train.gather_whole_blocks)."""
+    kernels = kernels or planned_kernels()
+    backward_over_forward, reserved_over_allocated = COEFFICIENTS[kernels]
     p = precision_bytes(precision)
     prefetch = int(ds_zero.get("stage3_prefetch_bucket_size", 5e7))
     max_live = int(ds_zero.get("stage3_max_live_parameters", 1e9))
@@ -153,7 +164,11 @@ def plan_peak(model: ModelFacts, sample: SampleFacts, trainable: int, world: int
     components = {
         "weights_partitioned": 0 if weights_on_host else model.parameters * p / world,
         "persistent_small_parameters": model.small_parameters * p * (world - 1) / world,
-        "gathered_working_set": min(max_live, largest_block + prefetch) * p,
+        # per module, the live limit caps what is gathered at once; whole blocks are gathered past
+        # it, and the whole embedding (the tied LM head at the logits) is live beside a layer: on
+        # 2x H200 at 128 frames this is the measured +1.39 GiB over per-module gathering
+        "gathered_working_set": ((largest_block + model.largest_layer_parameters) if whole_blocks
+                                 else min(max_live, largest_block + prefetch)) * p,
         # under offload_param the rank's partition of the block being gathered is staged on the GPU
         # for the all-gather (the largest: the embedding); fits the two measured offload peaks
         # (bench/RESULTS.md) within 8%, where without it they were 8% and 20% low
@@ -170,7 +185,15 @@ def plan_peak(model: ModelFacts, sample: SampleFacts, trainable: int, world: int
     allocated = sum(components.values())
     return {"components_gib": {k: v / GIB for k, v in components.items()},
             "allocated_gib": allocated / GIB, "reserved_gib": allocated * reserved_over_allocated / GIB,
-            "gated_deltanet": gated_deltanet}
+            "kernels": kernels}
+
+
+def planned_kernels(fused: str = "auto") -> str:
+    """The kernel set a GPU run in this environment will use, for planning without a GPU or a model
+    (``fused``: train.fused_kernels; the environment variable wins, as in the run)."""
+    if gpu_implementation() == "torch":
+        return "torch"
+    return "fla-unfused" if (os.environ.get(FUSED_ENV) or fused) == "torch" else "fla"
 
 
 def sample_at_frames(sample: SampleFacts, frames: int) -> SampleFacts:

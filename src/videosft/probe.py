@@ -21,7 +21,7 @@ from pathlib import Path
 from . import config as config_lib
 from .keymap import CheckpointError, build_meta_model, map_checkpoint, read_checkpoint
 from .lora import coverage
-from .memory import SampleFacts, flowchart, largest_frames, model_facts, plan_peak
+from .memory import SampleFacts, flowchart, largest_frames, model_facts, plan_peak, planned_kernels
 from .preprocess import read_samples
 from .provenance import exit_after, run_record, stage_parser, write_json
 
@@ -89,7 +89,9 @@ def memory_plan(model, cfg: dict, trainable: int, manifest: Path) -> dict:
     limit = cfg["memory"]["gpu_memory_gib"]
     precision = "bf16" if cfg["train"]["precision"] in ("auto", "bf16") else cfg["train"]["precision"]
     options = {"checkpointing": cfg["train"]["gradient_checkpointing"],
-               "offload_activations": cfg["train"]["offload_activations"]}
+               "offload_activations": cfg["train"]["offload_activations"],
+               "whole_blocks": cfg["train"]["gather_whole_blocks"],
+               "kernels": planned_kernels(cfg["train"]["fused_kernels"])}
     per_world = {}
     for world in cfg["memory"]["world_sizes"]:
         peak = plan_peak(facts, sample, trainable, world, ds_zero, precision, **options)

@@ -8,7 +8,10 @@ per rank) and loaded from the checkpoint through the probe's key map, each rank 
 partition of each existing ``nn.Parameter`` straight from the file; every element is then compared
 with the file, again by the rank that holds it.
 The vision tower and merger stay frozen (their inputs and weights need no gradient, so they
-build no autograd graph); LoRA goes on the language model's modules the probe reported. Each
+build no autograd graph); LoRA goes on the language model's modules the probe reported. Before
+training, fla's kernels (the Gated-DeltaNet, fused norms / SwiGLU / convolution) are checked
+against transformers' forwards and bound, and ZeRO-3 is told to gather whole decoder layers and
+vision blocks. Each
 rank reads its own samples, and every sample a rank consumes is written to its ledger. The
 loss is computed from logits at the supervised positions only. The adapter is saved with
 gathered, full-shape tensors and no base weights.
@@ -31,6 +34,8 @@ import numpy as np
 
 from . import config as config_lib
 from .chat import IGNORE_INDEX
+from .attention import batch_vision_attention
+from .fused import select_fused_kernels
 from .kernels import select_gated_delta_rule
 from .keymap import load_checkpoint, logical_shape, model_class
 from .lora import target_module_names
@@ -286,6 +291,11 @@ def train(cfg: dict, samples_path: Path, probe_path: Path, out: Path, record: di
     if train_cfg["profile_step"] is not None and train_cfg["profile_step"] >= train_cfg["steps"]:
         raise ValueError(f"train.profile_step={train_cfg['profile_step']} is not one of the "
                          f"{train_cfg['steps']} steps (train.steps): nothing would be profiled")
+    if train_cfg["gather_whole_blocks"] and not train_cfg["gradient_checkpointing"]:
+        # DeepSpeed releases a leaf block's weights when its forward ends and, without a
+        # recomputation to gather them again, its backward finds them partitioned
+        raise ValueError("train.gather_whole_blocks needs train.gradient_checkpointing: true; "
+                         "set gather_whole_blocks: false to train without checkpointing")
     rows = load_samples(samples_path)
     micro, smoke = train_cfg["micro_batch_size"], train_cfg["smoke"]
     check_every_rank_has_a_batch(len(rows), world, micro, train_cfg["tail"], smoke)
@@ -299,9 +309,13 @@ def train(cfg: dict, samples_path: Path, probe_path: Path, out: Path, record: di
     load = load_checkpoint(model, model_dir, probe["key_map"])
     load["build_and_load_seconds"] = time.perf_counter() - started
     # fla's kernels only after they match the torch reference at this model's shapes (raises if not)
-    kernels = {"gated_deltanet": select_gated_delta_rule(model, device, max(r["input_tokens"] for r in rows))}
+    longest = max(r["input_tokens"] for r in rows)
+    kernels = {"gated_deltanet": select_gated_delta_rule(model, device, longest),
+               "fused": select_fused_kernels(model, device, longest, train_cfg["fused_kernels"]),
+               "vision_attention_batched": batch_vision_attention(model)}
     if rank == 0:
-        print(f"Gated-DeltaNet: {kernels['gated_deltanet']['implementation']}", flush=True)
+        fused = {kind: impl for kind, impl in kernels["fused"]["implementation"].items() if impl}
+        print(f"Gated-DeltaNet: {kernels['gated_deltanet']['implementation']}; fused kernels: {fused}", flush=True)
     if train_cfg["gradient_checkpointing"]:
         enable_checkpointing(model, offload=train_cfg["offload_activations"], pin_memory=device.type == "cuda")
     elif train_cfg["offload_activations"]:
@@ -408,8 +422,17 @@ def train(cfg: dict, samples_path: Path, probe_path: Path, out: Path, record: di
         "ledger": check_ledgers(out, world, len(rows), plan_for, [r["window_id"] for r in rows], smoke),
         "zero_stage": ds_config["zero_optimization"]["stage"], "zero3_leaf_blocks": leaf_blocks,
         "memory": memory_comparison(probe, rows, world, ds_config, precision, train_cfg, all_peaks,
-                                    kernels["gated_deltanet"]["implementation"]),
+                                    kernel_set(kernels)),
     }
+
+
+def kernel_set(kernels: dict) -> str:
+    """The memory planner's name for the kernels this run bound (videosft.memory.COEFFICIENTS)."""
+    if kernels["gated_deltanet"]["implementation"] == "torch":
+        return "torch"
+    if "fla" in kernels["fused"]["implementation"].values():
+        return "fla"
+    return "fla-unfused" if kernels["gated_deltanet"]["implementation"] == "fla" else "torch"
 
 
 def require_video(batch_rows: list[dict], rank: int) -> None:
@@ -425,7 +448,7 @@ def lora_unchanged(model, initial: dict) -> list[str]:
 
 
 def memory_comparison(probe: dict, rows: list[dict], world: int, ds_config: dict, precision: str,
-                      train_cfg: dict, peaks: list[list[dict]], gated_deltanet: str | None = None) -> dict:
+                      train_cfg: dict, peaks: list[list[dict]], kernels: str | None = None) -> dict:
     """The planner's prediction for this run beside each rank's measured peak."""
     facts = probe.get("memory", {}) and probe["memory"].get("model_facts")
     measured = {rank: {key: max(step[key] for step in steps) for key in steps[0]} if steps else {}
@@ -437,8 +460,9 @@ def memory_comparison(probe: dict, rows: list[dict], world: int, ds_config: dict
                          len(longest["frame_indices"]))
     trainable = probe["lora"]["trainable_parameters"]
     predicted = plan_peak(ModelFacts(**facts), sample, trainable, world, ds_config["zero_optimization"], precision,
-                          checkpointing=train_cfg["gradient_checkpointing"], gated_deltanet=gated_deltanet,
-                          offload_activations=train_cfg["offload_activations"])
+                          checkpointing=train_cfg["gradient_checkpointing"], kernels=kernels,
+                          offload_activations=train_cfg["offload_activations"],
+                          whole_blocks=train_cfg["gather_whole_blocks"])
     return {"predicted": predicted, "measured": measured}
 
 

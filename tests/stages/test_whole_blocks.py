@@ -45,3 +45,14 @@ def test_whole_block_gathering_trains_the_same_adapter_on_two_ranks(prepared, de
 def test_a_model_without_blocks_to_gather_is_refused():
     with pytest.raises(ValueError, match="gather_whole_blocks.*Linear"):
         gather_whole_blocks(torch.nn.Linear(2, 2))
+
+
+def test_whole_blocks_without_checkpointing_is_refused_before_the_model_is_built(prepared, demo_config, tmp_path):
+    cfg = {**demo_config, "train": {**demo_config["train"], "gather_whole_blocks": True,
+                                    "gradient_checkpointing": False}}
+    result = run_torchrun(["-m", "videosft.train", "--config", stage_json("train", cfg), "--samples",
+                           str(prepared / "preprocess" / "manifest.json"), "--probe",
+                           str(prepared / "probe" / "probe.json"), "--out", str(tmp_path / "out")], nproc=1)
+    assert result.returncode != 0
+    assert "train.gather_whole_blocks needs train.gradient_checkpointing: true" in result.stderr
+    assert not (tmp_path / "out" / "adapter").exists()

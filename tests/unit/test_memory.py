@@ -67,3 +67,29 @@ def test_offloading_takes_weights_and_checkpointed_inputs_off_the_gpu():
     more = largest_frames(MODEL, SAMPLE, 10_000_000, 2, {**ZERO, "offload_param": {"device": "cpu"}}, 12.0,
                           step=16, **options)
     assert more > largest_frames(MODEL, SAMPLE, 10_000_000, 2, ZERO, 12.0, step=16)
+
+
+def test_whole_blocks_gather_past_the_live_limit_beside_the_embedding():
+    capped = {**ZERO, "stage3_max_live_parameters": 100_000_000}
+    per_module = plan_peak(MODEL, SAMPLE, 10_000_000, 2, capped)["components_gib"]["gathered_working_set"]
+    whole = plan_peak(MODEL, SAMPLE, 10_000_000, 2, capped, whole_blocks=True)["components_gib"]
+    assert per_module * GIB == pytest.approx(100e6 * 2)  # the live limit caps per-module gathering
+    assert whole["gathered_working_set"] * GIB == pytest.approx((600e6 + 100e6) * 2)  # embedding + a layer
+    assert largest_frames(MODEL, SAMPLE, 10_000_000, 2, capped, 12, whole_blocks=True) < \
+        largest_frames(MODEL, SAMPLE, 10_000_000, 2, capped, 12)
+
+
+def test_the_run_plans_with_the_kernels_it_bound():
+    from videosft.memory import COEFFICIENTS
+    from videosft.train import kernel_set
+
+    def bound(gdn, fused):
+        return {"gated_deltanet": {"implementation": gdn}, "fused": {"implementation": {"rms_norm": fused}}}
+
+    assert kernel_set(bound("fla", "fla")) == "fla"
+    assert kernel_set(bound("fla", "torch")) == "fla-unfused"
+    assert kernel_set(bound(None, "fla")) == "fla"  # Qwen3-VL: no Gated-DeltaNet, fused norms
+    assert kernel_set(bound("torch", "fla")) == "torch"  # the fallback's fp32 intermediates dominate
+    assert kernel_set(bound(None, "torch")) == "torch"
+    factors = {name: COEFFICIENTS[name][0] for name in ("torch", "fla-unfused", "fla")}
+    assert factors["torch"] > factors["fla-unfused"] > factors["fla"]  # fused kernels keep the least
