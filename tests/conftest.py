@@ -134,3 +134,20 @@ def snakemake(workdir: Path, *args: str, timeout: int = 600) -> subprocess.Compl
     env = {**os.environ, "PYTHONPATH": str(workdir / "src")}
     return subprocess.run([sys.executable, "-m", "snakemake", *args], cwd=workdir, env=env,
                           capture_output=True, text=True, timeout=timeout)
+
+
+def scale_gradient(tensor, factor: float):
+    """``tensor`` unchanged; its gradient scaled by ``factor`` on the way back (a kernel with one wrong
+    gradient, for checks that must catch it)."""
+    import torch
+
+    class ScaleGradient(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x.view_as(x)
+
+        @staticmethod
+        def backward(ctx, grad):
+            return grad * factor
+
+    return ScaleGradient.apply(tensor)

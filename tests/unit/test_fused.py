@@ -9,6 +9,7 @@ import pytest
 import torch
 import transformers.models.qwen3_5.modeling_qwen3_5 as modeling
 
+from conftest import scale_gradient
 from videosft import fused
 from videosft.kernels import RELATIVE_ERROR_BOUND, KernelCheckError
 
@@ -41,19 +42,6 @@ def _counts(sites):
 
 def _instance_forwards(model):
     return [name for name, module in model.named_modules() if "forward" in vars(module)]
-
-
-class _ScaleGradient(torch.autograd.Function):
-    """Identity forward; the backward scales the gradient (a kernel with one wrong gradient)."""
-
-    @staticmethod
-    def forward(ctx, x, factor):
-        ctx.factor = factor
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return grad * ctx.factor, None
 
 
 # ---------------------------------------------------------------- choosing
@@ -236,7 +224,7 @@ def test_a_wrong_gradient_alone_fails():
     mlp = [site for site in sites if site.kind == "swiglu"][:1]
     kernels = fused.torch_kernels()
     right_swiglu = kernels["swiglu"]
-    kernels["swiglu"] = lambda x, y: right_swiglu(x, _ScaleGradient.apply(y, 1.05))
+    kernels["swiglu"] = lambda x, y: right_swiglu(x, scale_gradient(y, 1.05))
     (row,) = fused.check_sites(mlp, kernels, [40], CPU)
     assert not row["passed"] and row["relative_errors"]["dup"] == pytest.approx(0.05, rel=0.1)
     assert row["relative_errors"]["out"] < 5e-3 and row["relative_errors"]["dgate"] < 5e-3

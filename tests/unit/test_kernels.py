@@ -6,6 +6,7 @@ import pytest
 import torch
 import transformers.models.qwen3_5.modeling_qwen3_5 as modeling
 
+from conftest import scale_gradient
 from videosft import kernels
 
 SHAPE = (1, 2, 8, 8)  # key heads, value heads (grouped), key dim, value dim
@@ -16,19 +17,6 @@ CPU = torch.device("cpu")
 @pytest.fixture
 def reference():
     return kernels.torch_reference(modeling.torch_chunk_gated_delta_rule)
-
-
-class _ScaleGradient(torch.autograd.Function):
-    """Identity forward; the backward scales the gradient (a kernel with one wrong gradient)."""
-
-    @staticmethod
-    def forward(ctx, x, factor):
-        ctx.factor = factor
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return grad * ctx.factor, None
 
 
 def test_the_reference_unwraps_to_transformers_torch_function(reference):
@@ -58,7 +46,7 @@ def test_a_wrong_output_fails(reference):
 
 def test_a_wrong_gradient_alone_fails(reference):
     def wrong_dbeta(query, key, value, g, beta, **kwargs):  # the class of bug behind fla #640
-        return reference(query, key, value, g, _ScaleGradient.apply(beta, 1.05), **kwargs)
+        return reference(query, key, value, g, scale_gradient(beta, 1.05), **kwargs)
 
     rows = kernels.check_gated_delta_rule(wrong_dbeta, reference, [SHAPE], LENGTHS, CPU)
     for row in rows:
