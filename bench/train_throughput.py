@@ -149,6 +149,14 @@ def flops_per_token(config, tokens: int, visual_tokens: int) -> float:
     return 6 * n_text + 12 * full * tokens * text.num_attention_heads * head_dim + 2 * n_vision * patches / tokens
 
 
+def fused_errors(fused: dict) -> dict:
+    """The largest relative error each fused kernel's check found (against the fp32 reference)."""
+    worst: dict = {}
+    for row in fused.get("checks", []):
+        worst[row["kernel"]] = max(worst.get(row["kernel"], 0.0), row["max_relative_error"])
+    return worst
+
+
 def summarize(out: Path, gpus: int) -> dict:
     per_rank = {}
     for rank in range(gpus):
@@ -284,6 +292,7 @@ class Bench:
                        "hopper_guard_bypassed": gdn.get("hopper_guard_bypassed"),
                        "max_relative_error": max((c["max_relative_error"] for c in gdn.get("checks", [])), default=None),
                        "fused": record.get("kernels", {}).get("fused", {}).get("implementation"),
+                       "fused_max_relative_error": fused_errors(record.get("kernels", {}).get("fused", {})),
                        "zero3_leaf_blocks": record.get("zero3_leaf_blocks")}
         else:
             facts = json.loads((out / "load.json").read_text())
@@ -429,6 +438,11 @@ def print_table(results: dict) -> None:
         savvy = run.get("savvy", {}).get("tokens_per_second")
         for name, facts in run.items():
             print(line(frames, name, facts, plain, savvy))
+        for name, facts in run.items():
+            errors = facts.get("kernels", {}).get("fused_max_relative_error")
+            if errors:
+                print(f"  {name}: fused kernels' largest relative error vs fp32 "
+                      + ", ".join(f"{kind} {error:.2e}" for kind, error in errors.items()))
     for name, search in results.get("searches", {}).items():
         print(f"\nunder the simulated card: {name} fits {search['largest_fitting_frames']} frames "
               f"(first not fitting: {search['first_not_fitting']})")
