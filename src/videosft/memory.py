@@ -6,7 +6,8 @@ activations that grow with the sample), extended to ZeRO-3, LoRA and video:
 * base weights in the training precision, partitioned over the ranks, plus the small
   "persistent" parameters every rank keeps whole;
 * the gathered working set: the largest block ZeRO-3 must assemble at once (a decoder layer, or
-  the embedding / LM head) plus the prefetch bucket;
+  the embedding / LM head) plus the prefetch bucket; with whole-block gathering, the embedding and
+  a whole decoder layer;
 * LoRA: weights, gradients and fp32 Adam states (master, first and second moment): 2 + 2 + 12
   bytes per trainable parameter in bf16, partitioned, plus the gradient reduce buffer;
 * activations of the longest sample: the checkpointed input of every decoder layer, one layer's
@@ -16,8 +17,9 @@ activations that grow with the sample), extended to ZeRO-3, LoRA and video:
 * allocator slack: reserved = allocated x ``RESERVED_OVER_ALLOCATED``.
 
 Coefficients that cannot be derived exactly (the working-set multipliers) are named constants,
-calibrated against measured peaks (bench/RESULTS.md), one pair per Gated-DeltaNet implementation
-(transformers' torch fallback or flash-linear-attention's kernels, see ``videosft.kernels``).
+calibrated against measured peaks (bench/RESULTS.md), one pair per kernel set: transformers' torch
+forwards, flash-linear-attention's Gated-DeltaNet alone (``videosft.kernels``), or with the fused
+norms, SwiGLU and convolution too (``videosft.fused``).
 """
 
 from __future__ import annotations
@@ -137,8 +139,8 @@ def plan_peak(model: ModelFacts, sample: SampleFacts, trainable: int, world: int
               kernels: str | None = None, offload_activations: bool = False,
               whole_blocks: bool = False) -> dict:
     """Predicted peak bytes per rank, by component (``kernels``: a key of ``COEFFICIENTS``, the
-    kernel set the run uses; None: as :func:`planned_kernels` says). ``ds_zero["offload_param"]`` on the host
-    takes the weights' partition off the GPU; ``offload_activations`` the checkpointed layer inputs
+    kernel set the run uses; None: as :func:`planned_kernels` says). ``ds_zero["offload_param"]``
+    on the host takes the weights' partition off the GPU; ``offload_activations`` the checkpointed layer inputs
     (one comes back at a time, for its layer's recomputation); ``whole_blocks``: ZeRO-3 gathers
     whole decoder layers (train.gather_whole_blocks)."""
     kernels = kernels or planned_kernels()
