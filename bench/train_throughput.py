@@ -186,8 +186,10 @@ TRAINERS = {
     # one lever off at a time, the rest as the default
     "ours-unfused": {"kind": "ours", "base": DEFAULT, "zero": {}, "env": {"VIDEOSFT_FUSED_KERNELS": "torch"}},
     "ours-per-module": {"kind": "ours", "base": DEFAULT, "zero": {}, "train": {"gather_whole_blocks": False}},
-    # prefetch one whole block ahead (a Qwen3.5-4B decoder layer: 1.13e8 parameters) instead of 5e6
-    "ours-block-prefetch": {"kind": "ours", "base": DEFAULT, "zero": {"stage3_prefetch_bucket_size": 120_000_000}},
+    # prefetch one whole block ahead (a Qwen3.5-4B decoder layer: 1.13e8 parameters) instead of 5e6; DeepSpeed
+    # prefetches only while fewer than stage3_max_live_parameters are gathered, so that must hold two blocks
+    "ours-block-prefetch": {"kind": "ours", "base": DEFAULT, "zero": {"stage3_prefetch_bucket_size": 120_000_000,
+                                                                      "stage3_max_live_parameters": 300_000_000}},
 }
 RUN_ESTIMATE_S = {"plain": 100, "savvy": 60}  # what one run needs, to skip runs past --deadline-s (others: 70)
 
