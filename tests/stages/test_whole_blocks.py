@@ -15,14 +15,20 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import run_torchrun, stage_json
+from conftest import PROJECT, run_torchrun, stage_json
 from videosft.train import gather_whole_blocks
 
 
 def test_whole_block_gathering_trains_the_same_adapter_on_two_ranks(prepared, demo_config, tmp_path):
+    # the tiny model's tensors all sit under the default persistence threshold, where ZeRO-3 keeps
+    # them whole on every rank; without it every tensor is partitioned and gathered
+    ds = json.loads((PROJECT / "workflow" / "deepspeed" / "zero3.json").read_text())
+    ds["zero_optimization"]["stage3_param_persistence_threshold"] = 0
+    (tmp_path / "zero3.json").write_text(json.dumps(ds))
     adapters, records = {}, {}
     for whole in (False, True):
-        cfg = {**demo_config, "train": {**demo_config["train"], "steps": 2, "gather_whole_blocks": whole}}
+        cfg = {**demo_config, "train": {**demo_config["train"], "steps": 2, "gather_whole_blocks": whole,
+                                        "deepspeed_config": str(tmp_path / "zero3.json")}}
         out = tmp_path / f"whole-{whole}"
         result = run_torchrun(["-m", "videosft.train", "--config", stage_json("train", cfg), "--samples",
                                str(prepared / "preprocess" / "manifest.json"), "--probe",
