@@ -76,7 +76,6 @@ transformers' torch convolution nor this check keeps them apart.
 from __future__ import annotations
 
 import contextlib
-import importlib
 import inspect
 import os
 import sys
@@ -84,7 +83,9 @@ import time
 import types
 from dataclasses import dataclass, field
 
-from .kernels import CHECK_MAX_TOKENS, RELATIVE_ERROR_BOUND, KernelCheckError, _all_ranks_agree, relative_errors
+from .kernels import RELATIVE_ERROR_BOUND, KernelCheckError, _all_ranks_agree, check_parser, fla_import_status, \
+    milliseconds_per_call, relative_errors
+from .kernels import check_lengths as kernel_check_lengths
 
 ENV = "VIDEOSFT_FUSED_KERNELS"
 CHOICES = ("auto", "fla", "torch")
@@ -318,15 +319,7 @@ def find_sites(model) -> tuple[list[Site], dict[str, int]]:
 
 def fla_status() -> dict:
     """Whether fla's four modules import (Triton included), and the versions."""
-    try:
-        fla = importlib.import_module("fla")
-        for name in FLA_MODULES:
-            importlib.import_module(name)
-    except Exception as error:  # missing, or its Triton does not import
-        return {"importable": False, "error": f"{type(error).__name__}: {error}"}
-    import triton
-
-    return {"importable": True, "version": getattr(fla, "__version__", None), "triton": triton.__version__}
+    return fla_import_status(FLA_MODULES)
 
 
 def fla_kernels() -> dict:
@@ -638,7 +631,7 @@ def check_sites(sites: list[Site], kernels: dict, lengths, device, bound: float 
 
 
 def check_lengths(longest_tokens: int) -> list[int]:
-    return sorted({min(longest_tokens, CHECK_MAX_TOKENS), min(longest_tokens, CHECK_SHORT_TOKENS)}, reverse=True)
+    return kernel_check_lengths(longest_tokens, CHECK_SHORT_TOKENS)
 
 
 def describe_failures(rows: list[dict], limit: int = 4) -> str:
@@ -723,24 +716,9 @@ def select_fused_kernels(model, device, longest_tokens: int, requested: str = "a
 
 
 def time_forward_backward(site: Site, forward, inputs: dict, device, repeats: int = 5) -> float:
-    """Milliseconds for one forward + backward with bf16 inputs, as in training (CUDA events on a GPU)."""
-    import torch
-
-    device = torch.device(device)
+    """Milliseconds for one forward + backward with bf16 inputs, as in training."""
     inputs = {k: v.to(device) for k, v in inputs.items()}  # time the kernels, not copies from the host
-    _run(site, forward, inputs, device, upcast=False)  # compile / autotune
-    if device.type != "cuda":
-        started = time.perf_counter()
-        for _ in range(repeats):
-            _run(site, forward, inputs, device, upcast=False)
-        return (time.perf_counter() - started) * 1000 / repeats
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(repeats):
-        _run(site, forward, inputs, device, upcast=False)
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / repeats
+    return milliseconds_per_call(lambda: _run(site, forward, inputs, device, upcast=False), device, repeats)
 
 
 def build_meta_model(config_path):
@@ -767,18 +745,11 @@ def main(argv: list[str] | None = None) -> int:
     Without fla (or without a GPU: --device cpu) the candidate is the torch emulation of fla's functions,
     which checks this machinery only.
     """
-    import argparse
     import json
-    from pathlib import Path
 
     import torch
 
-    parser = argparse.ArgumentParser(description=main.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model-config", type=Path, required=True, help="a model's config.json")
-    parser.add_argument("--tokens", type=int, nargs="+", default=[CHECK_MAX_TOKENS, CHECK_SHORT_TOKENS])
-    parser.add_argument("--device", default="cuda")
-    parser.add_argument("--time", action="store_true", help="also time forward + backward, fused vs torch")
-    args = parser.parse_args(argv)
+    args = check_parser(main.__doc__, CHECK_SHORT_TOKENS, "also time forward + backward, fused vs torch").parse_args(argv)
     device = torch.device(args.device)
     sites, unrecognized = find_sites(build_meta_model(args.model_config))
     status = fla_status()

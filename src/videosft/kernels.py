@@ -89,20 +89,28 @@ def fla_implementation(reference):
     return fla_chunk_gated_delta_rule
 
 
-def fla_status() -> dict:
-    """Whether fla imports, its version, and whether its Hopper guard would refuse the backward."""
+def fla_import_status(modules: tuple[str, ...]) -> dict:
+    """Whether fla and ``modules`` of it import (Triton included), and the versions."""
     try:
         fla = importlib.import_module("fla")
-        chunk_o = importlib.import_module("fla.ops.common.chunk_o")
-        importlib.import_module("fla.ops.gated_delta_rule")
+        for name in modules:
+            importlib.import_module(name)
     except Exception as error:  # missing, or its Triton does not import
         return {"importable": False, "error": f"{type(error).__name__}: {error}"}
     import triton
 
-    guarded = bool(getattr(chunk_o, "IS_NVIDIA_HOPPER", False) and getattr(chunk_o, "TRITON_ABOVE_3_4_0", False)
-                   and not getattr(chunk_o, "TRITON_ABOVE_3_7_1", True))
-    return {"importable": True, "version": getattr(fla, "__version__", None), "triton": triton.__version__,
-            "hopper_guard_fires": guarded}
+    return {"importable": True, "version": getattr(fla, "__version__", None), "triton": triton.__version__}
+
+
+def fla_status() -> dict:
+    """Whether fla's Gated-DeltaNet imports, the versions, and whether its Hopper guard would refuse the backward."""
+    status = fla_import_status(("fla.ops.common.chunk_o", "fla.ops.gated_delta_rule"))
+    if status["importable"]:
+        chunk_o = importlib.import_module("fla.ops.common.chunk_o")
+        status["hopper_guard_fires"] = bool(
+            getattr(chunk_o, "IS_NVIDIA_HOPPER", False) and getattr(chunk_o, "TRITON_ABOVE_3_4_0", False)
+            and not getattr(chunk_o, "TRITON_ABOVE_3_7_1", True))
+    return status
 
 
 def bypass_hopper_guard() -> bool:
@@ -186,6 +194,11 @@ def relative_errors(candidate: dict, reference: dict) -> dict[str, float]:
     return errors
 
 
+def check_lengths(longest_tokens: int, short_tokens: int) -> list[int]:
+    """The run's longest sequence (capped at ``CHECK_MAX_TOKENS``) and a short one with a partial last chunk."""
+    return sorted({min(longest_tokens, CHECK_MAX_TOKENS), min(longest_tokens, short_tokens)}, reverse=True)
+
+
 def check_gated_delta_rule(candidate, reference, shapes, lengths, device, gates=("init", "slow"),
                            bound: float = RELATIVE_ERROR_BOUND) -> list[dict]:
     """Compare ``candidate`` (bf16 inputs, as in training) with ``reference`` (fp32) per shape, length, gate."""
@@ -260,7 +273,7 @@ def select_gated_delta_rule(model, device, longest_tokens: int, requested: str |
 
     started = time.perf_counter()
     record["hopper_guard_bypassed"] = bypass_hopper_guard()
-    lengths = sorted({min(longest_tokens, CHECK_MAX_TOKENS), min(longest_tokens, CHECK_SHORT_TOKENS)}, reverse=True)
+    lengths = check_lengths(longest_tokens, CHECK_SHORT_TOKENS)
     checks = []
     candidates = {module: fla_implementation(references[module]) for module in modules}
     for shape, module in shapes.items():
@@ -285,20 +298,48 @@ def select_gated_delta_rule(model, device, longest_tokens: int, requested: str |
 # ---------------------------------------------------------------- standalone check (benchmarks)
 
 
+def milliseconds_per_call(call, device, repeats: int = 3) -> float:
+    """Milliseconds per ``call()`` after one untimed call (Triton compiles and autotunes there): CUDA
+    events on a GPU, the wall clock elsewhere."""
+    import time
+
+    import torch
+
+    call()
+    if torch.device(device).type != "cuda":
+        started = time.perf_counter()
+        for _ in range(repeats):
+            call()
+        return (time.perf_counter() - started) * 1000 / repeats
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(repeats):
+        call()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / repeats
+
+
 def time_forward_backward(function, inputs: dict, repeats: int = 3) -> float:
-    """Milliseconds for one forward + backward with bf16 inputs, as in training (CUDA events)."""
+    """Milliseconds for one forward + backward with bf16 inputs, as in training."""
     import torch
 
     # time the kernels, not the copies from the host
     inputs = {k: v.to(inputs["device"]) if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
-    _run(function, inputs, upcast=False)  # compile / autotune
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(repeats):
-        _run(function, inputs, upcast=False)
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / repeats
+    return milliseconds_per_call(lambda: _run(function, inputs, upcast=False), inputs["device"], repeats)
+
+
+def check_parser(description: str, short_tokens: int, time_help: str):
+    """The command line both standalone checks share."""
+    import argparse
+    from pathlib import Path
+
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model-config", type=Path, required=True, help="a model's config.json")
+    parser.add_argument("--tokens", type=int, nargs="+", default=[CHECK_MAX_TOKENS, short_tokens])
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--time", action="store_true", help=time_help)
+    return parser
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -306,18 +347,12 @@ def main(argv: list[str] | None = None) -> int:
 
         python -m videosft.kernels --model-config bench/configs/Qwen3.5-4B.json --tokens 13386 8192 200
     """
-    import argparse
     import json
-    from pathlib import Path
 
     import torch
 
-    parser = argparse.ArgumentParser(description=main.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model-config", type=Path, required=True, help="a model's config.json")
-    parser.add_argument("--tokens", type=int, nargs="+", default=[CHECK_MAX_TOKENS, CHECK_SHORT_TOKENS])
-    parser.add_argument("--device", default="cuda")
-    parser.add_argument("--time", action="store_true", help="also time forward + backward of both implementations")
-    args = parser.parse_args(argv)
+    args = check_parser(main.__doc__, CHECK_SHORT_TOKENS,
+                        "also time forward + backward of both implementations").parse_args(argv)
     config = json.loads(args.model_config.read_text())
     text = config.get("text_config", config)
     shape = (text["linear_num_key_heads"], text["linear_num_value_heads"], text["linear_key_head_dim"],
