@@ -71,7 +71,7 @@ from transformers.integrations import HfDeepSpeedConfig
 from peft import LoraConfig, get_peft_model
 from videosft.keymap import model_class
 from videosft.preprocess import read_samples
-from videosft.train import collate
+from videosft.batches import collate
 
 model_dir, manifest, out, steps = Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3]), int(sys.argv[4])
 local = int(os.environ["LOCAL_RANK"])

@@ -151,3 +151,27 @@ def scale_gradient(tensor, factor: float):
             return grad * factor
 
     return ScaleGradient.apply(tensor)
+
+
+def check_host_positions(model_dir: Path, rows: list[dict]) -> None:
+    """The multimodal positions the host computes give the model exactly the loss its own, computed
+    inside the forward, give; and the loss does depend on them (moving the video one frame pair
+    later changes it), so the comparison can fail."""
+    import torch
+    from transformers import AutoConfig
+
+    from videosft.batches import collate, host_positions, prepare
+    from videosft.keymap import model_class
+    from videosft.train import supervised_loss
+
+    model = model_class(AutoConfig.from_pretrained(model_dir)).from_pretrained(model_dir, dtype=torch.float32)
+    inside = collate(rows, pad_id=0)
+    on_host = prepare(rows, 0, host_positions(model), pin=False)
+    assert on_host["position_ids"].shape[-2:] == inside["input_ids"].shape
+    video = inside["mm_token_type_ids"] == 2
+    shifted = {**on_host, "position_ids": on_host["position_ids"].clone()}
+    shifted["position_ids"][0][video] += 1
+    with torch.no_grad():
+        expected, got, moved = (supervised_loss(model, batch) for batch in (inside, on_host, shifted))
+    assert torch.equal(got, expected), (got, expected)
+    assert not torch.equal(moved, expected)

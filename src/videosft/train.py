@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import gzip
 import json
 import math
 import os
@@ -35,6 +36,7 @@ import numpy as np
 from . import config as config_lib
 from .chat import IGNORE_INDEX
 from .attention import batch_vision_attention
+from .batches import BatchesAhead, host_positions
 from .fused import select_fused_kernels
 from .kernels import select_gated_delta_rule
 from .keymap import load_checkpoint, logical_shape, model_class
@@ -58,28 +60,6 @@ def load_samples(manifest: Path) -> list[dict]:
     if not rows:
         raise DataError(f"{manifest} lists no train samples")
     return rows
-
-
-def collate(rows: list[dict], pad_id: int):
-    import torch
-
-    length = max(len(row["input_ids"]) for row in rows)
-
-    def padded(key: str, fill: int, dtype):
-        return torch.tensor([row[key] + [fill] * (length - len(row[key])) for row in rows], dtype=dtype)
-
-    pixels = [np.frombuffer(row["pixel_values"], dtype=np.float16).reshape(row["pixel_shape"]) for row in rows]
-    batch = {
-        "input_ids": padded("input_ids", pad_id, torch.long),
-        "labels": padded("labels", IGNORE_INDEX, torch.long),
-        "attention_mask": torch.tensor([[1] * len(r["input_ids"]) + [0] * (length - len(r["input_ids"])) for r in rows]),
-        "mm_token_type_ids": padded("mm_token_type_ids", 0, torch.int),
-        "pixel_values_videos": torch.from_numpy(np.concatenate(pixels)).float(),
-        "video_grid_thw": torch.tensor([row["video_grid_thw"] for row in rows], dtype=torch.long),
-    }
-    if rows[0].get("second_per_grid") is not None:  # Qwen2.5-VL's time step; without it the model assumes 1 s
-        batch["second_per_grid_ts"] = torch.tensor([row["second_per_grid"] for row in rows])
-    return batch
 
 
 # ---------------------------------------------------------------- model
@@ -252,6 +232,12 @@ def write_profile(profiler, device, path: Path, step: int, seconds: float) -> No
     key = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
     table = profiler.key_averages().table(sort_by=key, row_limit=60, max_name_column_width=70)
     path.write_text(f"step {step}: {seconds:.3f} s wall (profiled), operators by {key}\n{table}\n")
+    # The table sums time; only the timeline shows where the device waited on the host.
+    trace = path.with_suffix(".trace.json")
+    profiler.export_chrome_trace(str(trace))
+    with open(trace, "rb") as raw, gzip.open(f"{trace}.gz", "wb") as packed:
+        shutil.copyfileobj(raw, packed)
+    trace.unlink()
 
 
 def lr_lambda(train_cfg: dict):
@@ -352,17 +338,21 @@ def train(cfg: dict, samples_path: Path, probe_path: Path, out: Path, record: di
     unchanged: list[str] | None = None
     peaks = []
     engine.train()
+    batches = BatchesAhead(pad_id, device, host_positions(engine.module))
     for step in range(first_step, train_cfg["steps"]):
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
         profiler = start_profiler(device) if step == train_cfg["profile_step"] else None
         step_started = time.perf_counter()
         consumed, step_loss, tokens = [], 0.0, 0
-        for _ in range(train_cfg["grad_accum"]):
+        for micro_step in range(train_cfg["grad_accum"]):
             epoch, indices = cursor.next_batch(plan_for, rank, micro)
             batch_rows = [rows[i] for i in indices]
             require_video(batch_rows, rank)
-            batch = {k: v.to(device) for k, v in collate(batch_rows, pad_id).items()}
+            batch = batches.take(batch_rows)
+            if step + 1 < train_cfg["steps"] or micro_step + 1 < train_cfg["grad_accum"]:
+                _, upcoming = dataclasses.replace(cursor).next_batch(plan_for, rank, micro)
+                batches.announce([rows[i] for i in upcoming])
             loss = supervised_loss(engine, batch)
             engine.backward(loss)
             engine.step()
@@ -402,6 +392,7 @@ def train(cfg: dict, samples_path: Path, probe_path: Path, out: Path, record: di
                                    f"steps: {unchanged[:5]}; set train.check_lora_updates: false to go on anyway")
         if train_cfg["save_every"] and (step + 1) % train_cfg["save_every"] == 0 and step + 1 < train_cfg["steps"]:
             save_training_state(engine, checkpoints, step, cursor, rank, cfg)
+    batches.close()
     steps_log.close()
     ledger.close()
 

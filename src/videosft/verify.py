@@ -24,7 +24,8 @@ from .evaluate import table as evaluation_table
 from .keymap import model_class
 from .preprocess import read_samples
 from .provenance import exit_after, run_record, stage_parser, write_json
-from .train import ADAPTER_FILES, WORKFLOW_MARKERS, collate
+from .batches import collate
+from .train import ADAPTER_FILES, WORKFLOW_MARKERS
 
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 

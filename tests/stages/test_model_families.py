@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import run_torchrun, stage_json
+from conftest import check_host_positions, run_torchrun, stage_json
 from videosft import preprocess, probe, verify, window
-from videosft.train import collate
+from videosft.batches import collate
 
 
 def run_stages(model_dir: Path, demo_config: dict, out: Path) -> dict:
@@ -46,6 +46,7 @@ def test_qwen3_vl_trains_and_verifies(qwen3vl_dir, demo_config, tmp_path):
     rows = preprocess.read_samples(tmp_path / "preprocess" / "manifest.json", "train")
     assert all(row["second_per_grid"] is None for row in rows)  # time comes from the <t seconds> markers
     assert "second_per_grid_ts" not in collate(rows[:1], 0)
+    check_host_positions(qwen3vl_dir, rows[:2])
 
 
 def test_qwen2_5_vl_trains_and_verifies_with_its_time_step(qwen25_dir, demo_config, tmp_path):
@@ -61,6 +62,7 @@ def test_qwen2_5_vl_trains_and_verifies_with_its_time_step(qwen25_dir, demo_conf
     rows = preprocess.read_samples(tmp_path / "preprocess" / "manifest.json", "train")
     assert all(row["second_per_grid"] == pytest.approx(1.0, abs=0.05) for row in rows)
     assert collate(rows[:2], 0)["second_per_grid_ts"].tolist() == [row["second_per_grid"] for row in rows[:2]]
+    check_host_positions(qwen25_dir, rows[:2])
 
 
 def test_a_frame_rate_a_fixed_step_cannot_follow_is_rejected():

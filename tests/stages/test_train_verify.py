@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 from pathlib import Path
 
@@ -9,7 +10,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import run_torchrun, stage_json
+from conftest import check_host_positions, run_torchrun, stage_json
 from videosft.preprocess import read_samples
 
 
@@ -60,6 +61,9 @@ def test_the_profiled_step_says_where_its_time_went(trained):
         text = (trained / f"profile.rank{rank}.txt").read_text()
         assert text.startswith("step 2: ") and "self_cpu_time_total" in text
         assert "aten::mm" in text or "aten::addmm" in text  # the layers' matrix products are in the table
+        with gzip.open(trained / f"profile.rank{rank}.trace.json.gz") as trace:
+            names = {event.get("name") for event in json.load(trace)["traceEvents"]}
+        assert "aten::mm" in names or "aten::addmm" in names  # the timeline holds the same operators
 
 
 def test_each_rank_reads_its_own_samples_and_the_ledger_covers_the_split(trained, prepared):
@@ -127,7 +131,8 @@ def test_loss_on_supervised_positions_equals_the_full_logits_loss(prepared, demo
     from transformers import AutoConfig
 
     from videosft.keymap import model_class
-    from videosft.train import collate, supervised_loss
+    from videosft.batches import collate
+    from videosft.train import supervised_loss
 
     model_dir = Path(demo_config["model"]["path"])
     model = model_class(AutoConfig.from_pretrained(model_dir)).from_pretrained(model_dir, dtype=torch.float32)
@@ -137,6 +142,11 @@ def test_loss_on_supervised_positions_equals_the_full_logits_loss(prepared, demo
         ours = supervised_loss(model, batch)
         full = model(**batch, use_cache=False).loss
     assert torch.allclose(ours, full, rtol=1e-5, atol=1e-6), (ours, full)
+
+
+def test_positions_computed_on_the_host_give_the_same_loss(prepared, demo_config):
+    rows = read_samples(prepared / "preprocess" / "manifest.json", "train")[:2]
+    check_host_positions(Path(demo_config["model"]["path"]), rows)
 
 
 VERIFY_PARTITIONS = r'''

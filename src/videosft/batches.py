@@ -1,0 +1,102 @@
+"""Batches for the model: collated on the host, with their multimodal positions, and for training
+prepared one batch ahead on a host thread while the device runs the current step.
+
+Left inside the forward, the Qwen models compute their multimodal RoPE positions from the token
+ids on the device with a few `.item()` calls per frame pair: about 280 host-device
+synchronisations per 128-frame sample, each one draining the device's queue. The positions depend
+only on the token ids and the video grid, so the host computes them here with the model's own
+function and hands them to the forward.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Callable
+
+import numpy as np
+
+from .chat import IGNORE_INDEX
+
+
+def collate(rows: list[dict], pad_id: int) -> dict:
+    """Host tensors for a list of samples; pixels stay float16 as stored (the model casts them to
+    its own dtype on the device: float16 widens exactly, so the model sees the same values)."""
+    import torch
+
+    length = max(len(row["input_ids"]) for row in rows)
+
+    def padded(key: str, fill: int, dtype):
+        return torch.tensor([row[key] + [fill] * (length - len(row[key])) for row in rows], dtype=dtype)
+
+    pixels = [np.frombuffer(row["pixel_values"], dtype=np.float16).reshape(row["pixel_shape"]) for row in rows]
+    batch = {
+        "input_ids": padded("input_ids", pad_id, torch.long),
+        "labels": padded("labels", IGNORE_INDEX, torch.long),
+        "attention_mask": torch.tensor([[1] * len(r["input_ids"]) + [0] * (length - len(r["input_ids"])) for r in rows]),
+        "mm_token_type_ids": padded("mm_token_type_ids", 0, torch.int),
+        "pixel_values_videos": torch.from_numpy(np.concatenate(pixels)),
+        "video_grid_thw": torch.tensor([row["video_grid_thw"] for row in rows], dtype=torch.long),
+    }
+    if rows[0].get("second_per_grid") is not None:  # Qwen2.5-VL's time step; without it the model assumes 1 s
+        batch["second_per_grid_ts"] = torch.tensor([row["second_per_grid"] for row in rows])
+    return batch
+
+
+def host_positions(model) -> Callable[[dict], object] | None:
+    """The model's own multimodal position function, to run on host tensors; None for a model
+    without one (it then computes positions in its forward, as before)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    compute = getattr(getattr(base, "model", None), "compute_3d_position_ids", None)
+    if compute is None:
+        return None
+
+    def positions(batch: dict):
+        extra = {"second_per_grid_ts": batch["second_per_grid_ts"]} if "second_per_grid_ts" in batch else {}
+        return compute(input_ids=batch["input_ids"], inputs_embeds=None, image_grid_thw=None,
+                       video_grid_thw=batch["video_grid_thw"], attention_mask=batch["attention_mask"],
+                       cache=None, mm_token_type_ids=batch["mm_token_type_ids"], **extra)
+
+    return positions
+
+
+def prepare(rows: list[dict], pad_id: int, positions, pin: bool) -> dict:
+    batch = collate(rows, pad_id)
+    if positions is not None:
+        position_ids = positions(batch)
+        if position_ids is not None:
+            batch["position_ids"] = position_ids
+    if pin:  # page-locked, so the copy to the device runs asynchronously and at full speed
+        batch = {key: value.pin_memory() for key, value in batch.items()}
+    return batch
+
+
+class BatchesAhead:
+    """Prepares the batch after this one on a host thread while the device works on this one.
+
+    `take(rows)` returns the device batch for `rows` (prepared now if it was not announced), and
+    `announce(rows)` starts preparing the next one. Announcing a different batch than the one
+    later taken is harmless: the stale one is discarded.
+    """
+
+    def __init__(self, pad_id: int, device, positions=None):
+        self.pad_id, self.device, self.positions = pad_id, device, positions
+        self.pin = device.type == "cuda"
+        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="batches-ahead")
+        self.pending: tuple[list[str], Future] | None = None
+
+    def _key(self, rows: list[dict]) -> list[str]:
+        return [row["window_id"] for row in rows]
+
+    def announce(self, rows: list[dict]) -> None:
+        self.pending = (self._key(rows), self.pool.submit(prepare, rows, self.pad_id, self.positions, self.pin))
+
+    def take(self, rows: list[dict]) -> dict:
+        if self.pending is not None and self.pending[0] == self._key(rows):
+            host = self.pending[1].result()
+        else:
+            host = prepare(rows, self.pad_id, self.positions, self.pin)
+        self.pending = None
+        return {key: value.to(self.device, non_blocking=self.pin) for key, value in host.items()}
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=True, cancel_futures=True)
