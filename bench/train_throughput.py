@@ -15,13 +15,14 @@ Trainers (``--trainers``):
   and the issue's tuned ZeRO-3 settings (overlap_comm, 5e8 reduce bucket, 5e7 prefetch,
   persistence threshold 1e6) over the field notes' config; full-sequence logits.
 * ``ours``: `python -m videosft.train` as the pipeline runs it (default DeepSpeed config, fla
-  kernels only after the stage's own check against the torch implementation).
-  ``ours-conservative``: the same with the field notes' config (pinned; today's default has the
-  same settings); ``ours-tuned``: with `workflow/deepspeed/zero3_tuned.json`; ``ours-replicated``:
-  the tuned config with every parameter persistent (no ZeRO-3 gathers; weights whole on every rank);
-  ``ours-unfused``: without the fused norm / SwiGLU / conv kernels (`VIDEOSFT_FUSED_KERNELS=torch`);
-  ``ours-per-module``: ZeRO-3 gathering per module (`train.gather_whole_blocks: false`);
-  ``ours-block-prefetch``: the default with a prefetch bucket of one whole decoder layer.
+  kernels only after the stage's own check against the torch implementation). ``ours-conservative``:
+  the same with the field notes' config (pinned; today's default differs only in
+  `memory_efficient_linear: false`); ``ours-tuned``: with `workflow/deepspeed/zero3_tuned.json`;
+  ``ours-replicated``: the tuned config with every parameter persistent (no ZeRO-3 gathers; weights
+  whole on every rank); ``ours-unfused``: without the fused norm / SwiGLU / conv kernels
+  (`VIDEOSFT_FUSED_KERNELS=torch`); ``ours-per-module``: ZeRO-3 gathering per module
+  (`train.gather_whole_blocks: false`); ``ours-block-prefetch``: the default with a prefetch bucket
+  of one whole decoder layer.
 
 Same checkpoint, samples (from bench/gpu_pipeline.py's builder), LoRA targets and rank, steps.
 Per trainer and frame count: tokens/s per GPU (median after the first step), peak allocated /
