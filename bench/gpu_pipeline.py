@@ -233,7 +233,7 @@ def main() -> None:
                            "--probe", str(probe_out / "probe.json"), "--out", str(out)],
                           args.out / f"train-{limit:g}.log")
             results["train"][f"{limit:g}"] = {**summarize_train(out, args.gpus), "wall_seconds": seconds}
-            for profile in [*out.glob("profile.rank*.txt"), *out.glob("profile.rank0.trace.json.gz")]:
+            for profile in [*out.glob("profile.rank0.*"), *out.glob("profile.rank1.txt")]:
                 shutil.copy(profile, args.out / f"train-{limit:g}-{profile.name}")
         except StageFailed as error:
             results["train"][f"{limit:g}"] = {"failed": str(error)}

@@ -214,30 +214,48 @@ def peak_memory(device) -> dict:
 
 
 def start_profiler(device):
+    """Operators and kernels (torch.profiler) and, on the main thread, Python functions (cProfile):
+    when the device waits on the host, the Python profile says which code kept it waiting."""
+    import cProfile
+
     from torch.profiler import ProfilerActivity, profile
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-    profiler = profile(activities=activities)
-    profiler.start()
-    return profiler
+    operators, python = profile(activities=activities), cProfile.Profile()
+    operators.start()
+    python.enable()
+    return operators, python
 
 
-def write_profile(profiler, device, path: Path, step: int, seconds: float) -> None:
-    """The profiled step's operators, most self time on the device first (on CPU: on the host)."""
+def write_profile(profilers, device, path: Path, step: int, seconds: float) -> None:
+    """The profiled step's operators, most self time on the device first (on CPU: on the host), its
+    timeline, and the main thread's Python functions by their own time."""
+    import io
+    import pstats
+
     import torch
 
+    operators, python = profilers
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-    profiler.stop()
+    python.disable()
+    operators.stop()
     key = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
-    table = profiler.key_averages().table(sort_by=key, row_limit=60, max_name_column_width=70)
+    table = operators.key_averages().table(sort_by=key, row_limit=60, max_name_column_width=70)
     path.write_text(f"step {step}: {seconds:.3f} s wall (profiled), operators by {key}\n{table}\n")
     # The table sums time; only the timeline shows where the device waited on the host.
     trace = path.with_suffix(".trace.json")
-    profiler.export_chrome_trace(str(trace))
+    operators.export_chrome_trace(str(trace))
     with open(trace, "rb") as raw, gzip.open(f"{trace}.gz", "wb") as packed:
         shutil.copyfileobj(raw, packed)
     trace.unlink()
+    functions = io.StringIO()
+    stats = pstats.Stats(python, stream=functions)
+    stats.sort_stats("tottime").print_stats(40)
+    stats.sort_stats("cumulative").print_stats(25)
+    path.with_suffix(".python.txt").write_text(
+        f"step {step}: the main thread's Python functions (cProfile, which slows Python-heavy code; "
+        f"compare shares, not times)\n{functions.getvalue()}")
 
 
 def lr_lambda(train_cfg: dict):

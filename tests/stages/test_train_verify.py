@@ -64,6 +64,8 @@ def test_the_profiled_step_says_where_its_time_went(trained):
         with gzip.open(trained / f"profile.rank{rank}.trace.json.gz") as trace:
             names = {event.get("name") for event in json.load(trace)["traceEvents"]}
         assert "aten::mm" in names or "aten::addmm" in names  # the timeline holds the same operators
+        python = (trained / f"profile.rank{rank}.python.txt").read_text()
+        assert "supervised_loss" in python and "tottime" in python  # the step's own Python functions
 
 
 def test_each_rank_reads_its_own_samples_and_the_ledger_covers_the_split(trained, prepared):
