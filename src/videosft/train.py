@@ -19,6 +19,7 @@ gathered, full-shape tensors and no base weights.
 
 from __future__ import annotations
 
+import cProfile
 import dataclasses
 import datetime as dt
 import gzip
@@ -214,48 +215,47 @@ def peak_memory(device) -> dict:
 
 
 def start_profiler(device):
-    """Operators and kernels (torch.profiler) and, on the main thread, Python functions (cProfile):
-    when the device waits on the host, the Python profile says which code kept it waiting."""
-    import cProfile
-
     from torch.profiler import ProfilerActivity, profile
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-    operators, python = profile(activities=activities), cProfile.Profile()
-    operators.start()
-    python.enable()
-    return operators, python
+    profiler = profile(activities=activities)
+    profiler.start()
+    return profiler
 
 
-def write_profile(profilers, device, path: Path, step: int, seconds: float) -> None:
-    """The profiled step's operators, most self time on the device first (on CPU: on the host), its
-    timeline, and the main thread's Python functions by their own time."""
-    import io
-    import pstats
-
+def write_profile(profiler, device, path: Path, step: int, seconds: float) -> None:
+    """The profiled step's operators, most self time on the device first (on CPU: on the host), and
+    its timeline."""
     import torch
 
-    operators, python = profilers
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-    python.disable()
-    operators.stop()
+    profiler.stop()
     key = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
-    table = operators.key_averages().table(sort_by=key, row_limit=60, max_name_column_width=70)
+    table = profiler.key_averages().table(sort_by=key, row_limit=60, max_name_column_width=70)
     path.write_text(f"step {step}: {seconds:.3f} s wall (profiled), operators by {key}\n{table}\n")
     # The table sums time; only the timeline shows where the device waited on the host.
     trace = path.with_suffix(".trace.json")
-    operators.export_chrome_trace(str(trace))
+    profiler.export_chrome_trace(str(trace))
     with open(trace, "rb") as raw, gzip.open(f"{trace}.gz", "wb") as packed:
         shutil.copyfileobj(raw, packed)
     trace.unlink()
+
+
+def write_python_profile(python, path: Path, step: int) -> None:
+    """The main thread's Python functions in one step: when the device waits on the host, which
+    code kept it waiting. Taken the step after the operator profile: cProfile slows Python-heavy
+    code, which would distort that step's timeline."""
+    import io
+    import pstats
+
+    python.disable()
     functions = io.StringIO()
     stats = pstats.Stats(python, stream=functions)
     stats.sort_stats("tottime").print_stats(40)
     stats.sort_stats("cumulative").print_stats(25)
-    path.with_suffix(".python.txt").write_text(
-        f"step {step}: the main thread's Python functions (cProfile, which slows Python-heavy code; "
-        f"compare shares, not times)\n{functions.getvalue()}")
+    path.write_text(f"step {step}: the main thread's Python functions (cProfile; compare shares, not times)\n"
+                    f"{functions.getvalue()}")
 
 
 def lr_lambda(train_cfg: dict):
@@ -360,7 +360,11 @@ def train(cfg: dict, samples_path: Path, probe_path: Path, out: Path, record: di
     for step in range(first_step, train_cfg["steps"]):
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
-        profiler = start_profiler(device) if step == train_cfg["profile_step"] else None
+        profiled = train_cfg["profile_step"]
+        profiler = start_profiler(device) if step == profiled else None
+        python_profile = cProfile.Profile() if profiled is not None and step == profiled + 1 else None
+        if python_profile:
+            python_profile.enable()
         step_started = time.perf_counter()
         consumed, step_loss, tokens = [], 0.0, 0
         for micro_step in range(train_cfg["grad_accum"]):
@@ -384,6 +388,8 @@ def train(cfg: dict, samples_path: Path, probe_path: Path, out: Path, record: di
         elapsed = time.perf_counter() - step_started
         if profiler:
             write_profile(profiler, device, out / f"profile.rank{rank}.txt", step, elapsed)
+        if python_profile:
+            write_python_profile(python_profile, out / f"profile.rank{rank}.python.txt", step)
         memory = peak_memory(device)
         peaks.append(memory)
         entry = {

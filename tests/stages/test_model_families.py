@@ -41,6 +41,7 @@ def test_qwen3_vl_trains_and_verifies(qwen3vl_dir, demo_config, tmp_path):
     assert train["load"]["matched"] == train["load"]["entries"] > 0
     assert train["lora_unchanged_after_two_steps"] == []
     assert train["kernels"]["gated_deltanet"]["implementation"] is None  # no linear-attention layers
+    assert not list((tmp_path / "train").glob("profile.*"))  # train.profile_step unset: nothing profiled
     tensors = results["verify"]["tensors"]
     assert tensors["summary"] == f"{tensors['matched']} of {tensors['matched']} tensors matched"
     rows = preprocess.read_samples(tmp_path / "preprocess" / "manifest.json", "train")
