@@ -1,0 +1,78 @@
+"""BatchesAhead: the batch announced is prepared on its thread, any other is prepared when taken."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+import torch
+
+from videosft.batches import BatchesAhead, collate
+
+
+def sample(window_id: str, tokens: int, seed: int) -> dict:
+    rng = np.random.default_rng(seed)
+    pixels = rng.standard_normal((4, 6)).astype(np.float16)
+    return {"window_id": window_id, "input_ids": list(range(1, tokens + 1)), "labels": [-100] * (tokens - 1) + [7],
+            "mm_token_type_ids": [0] + [2] * (tokens - 1), "pixel_values": pixels.tobytes(), "pixel_shape": [4, 6],
+            "video_grid_thw": [1, 2, 2], "second_per_grid": None}
+
+
+class Recorder:
+    """A position function that notes which thread ran it and for which batch."""
+
+    def __init__(self, fail_on: str | None = None):
+        self.calls: list[tuple[str, int]] = []
+        self.fail_on = fail_on
+
+    def __call__(self, batch: dict):
+        length = batch["input_ids"].shape[1]
+        self.calls.append((threading.current_thread().name, length))
+        if self.fail_on and threading.current_thread().name.startswith(self.fail_on):
+            raise ValueError(f"positions failed for a batch of {length} tokens")
+        return torch.arange(length).expand(3, 1, length)
+
+
+def test_the_announced_batch_is_prepared_on_the_host_thread_and_equals_collate():
+    rows = [sample("a", 5, 0)]
+    positions = Recorder()
+    batches = BatchesAhead(pad_id=0, device=torch.device("cpu"), positions=positions)
+    batches.announce(rows)
+    taken = batches.take(rows)
+    batches.close()
+    assert [name.startswith("batches-ahead") for name, _ in positions.calls] == [True]
+    expected = collate(rows, 0)
+    assert set(taken) == set(expected) | {"position_ids"}
+    assert all(torch.equal(taken[key], expected[key]) for key in expected)
+    assert taken["pixel_values_videos"].dtype == torch.float16  # widened on the device by the model, not here
+
+
+def test_a_batch_other_than_the_announced_one_is_prepared_when_taken():
+    announced, wanted = [sample("a", 5, 0)], [sample("b", 9, 1)]
+    positions = Recorder()
+    batches = BatchesAhead(pad_id=0, device=torch.device("cpu"), positions=positions)
+    batches.announce(announced)
+    taken = batches.take(wanted)
+    batches.close()
+    assert taken["input_ids"].shape == (1, 9)
+    assert torch.equal(taken["pixel_values_videos"], collate(wanted, 0)["pixel_values_videos"])
+    assert (threading.current_thread().name, 9) in positions.calls  # prepared in the caller's thread
+
+
+def test_an_error_while_preparing_ahead_reaches_the_training_loop():
+    rows = [sample("a", 5, 0)]
+    batches = BatchesAhead(pad_id=0, device=torch.device("cpu"), positions=Recorder(fail_on="batches-ahead"))
+    batches.announce(rows)
+    with pytest.raises(ValueError, match="positions failed for a batch of 5 tokens"):
+        batches.take(rows)
+    batches.close()
+
+
+def test_without_a_position_function_the_model_computes_positions_itself():
+    rows = [sample("a", 5, 0), sample("b", 3, 1)]
+    batches = BatchesAhead(pad_id=0, device=torch.device("cpu"))
+    taken = batches.take(rows)
+    batches.close()
+    assert "position_ids" not in taken
+    assert taken["input_ids"].tolist()[1] == [1, 2, 3, 0, 0]  # padded to the longest
