@@ -1,0 +1,55 @@
+"""bench/trace_summary.py on a hand-made timeline whose answer is known."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+import trace_summary  # noqa: E402
+
+
+def kernel(name: str, start: float, duration: float, stream: int, correlation: int) -> dict:
+    return {"ph": "X", "cat": "kernel", "name": name, "ts": start, "dur": duration,
+            "args": {"stream": stream, "correlation": correlation}}
+
+
+def timeline() -> list[dict]:
+    """Compute kernels at 0-100 and 400-500 us (a 300 us gap, while the host ran `slow_host_op`)
+    and 500-520 us; a gather 50-150 us, half of it under compute."""
+    return [
+        {"ph": "M", "name": "thread_name", "tid": 2, "args": {"name": "main"}},
+        kernel("gemm", 0, 100, 7, 1),
+        kernel("ncclDevKernel_AllGather", 50, 100, 17, 2),
+        kernel("gemm", 400, 100, 7, 3),
+        kernel("add", 500, 20, 7, 4),
+        {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": 395, "dur": 4, "tid": 2,
+         "args": {"correlation": 3}},
+        {"ph": "X", "cat": "cpu_op", "name": "outer", "ts": 90, "dur": 320, "tid": 2},
+        {"ph": "X", "cat": "cpu_op", "name": "slow_host_op", "ts": 110, "dur": 280, "tid": 2},
+    ]
+
+
+def test_busy_idle_and_who_the_device_waited_for(tmp_path):
+    path = tmp_path / "trace.json.gz"
+    with gzip.open(path, "wt") as handle:
+        json.dump({"traceEvents": timeline()}, handle)
+    summary = trace_summary.summarize(trace_summary.load_events(path), minimum_gap_us=20)
+    assert summary["span_ms"] == pytest.approx(0.52)
+    assert summary["streams"]["7"] == {"busy_ms": pytest.approx(0.22), "role": "compute"}
+    assert summary["streams"]["17"]["role"] == "collectives"
+    assert summary["streams"]["17"]["hidden_under_compute_ms"] == pytest.approx(0.05)
+    assert summary["compute_idle_ms"] == pytest.approx(0.30)
+    assert summary["idle_gaps"]["count"] == 1
+    assert summary["idle_by_launching_thread_ms"] == {"main": pytest.approx(0.30)}
+    assert summary["idle_by_host_operator_ms"] == {"slow_host_op": pytest.approx(0.30)}
+    assert summary["idle_by_host_stack_ms"] == {"slow_host_op < outer": pytest.approx(0.30)}
+
+
+def test_a_trace_without_device_work_is_refused():
+    with pytest.raises(ValueError, match="taken on CPU"):
+        trace_summary.summarize([{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 0, "dur": 5, "tid": 1}])
