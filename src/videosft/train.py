@@ -372,7 +372,8 @@ def train(cfg: dict, samples_path: Path, probe_path: Path, out: Path, record: di
             batch_rows = [rows[i] for i in indices]
             require_video(batch_rows, rank)
             batch = batches.take(batch_rows)
-            if step + 1 < train_cfg["steps"] or micro_step + 1 < train_cfg["grad_accum"]:
+            last_batch = step + 1 == train_cfg["steps"] and micro_step + 1 == train_cfg["grad_accum"]
+            if not last_batch:  # the schedule is fixed: peek at the next batch on a copy of the cursor
                 _, upcoming = dataclasses.replace(cursor).next_batch(plan_for, rank, micro)
                 batches.announce([rows[i] for i in upcoming])
             loss = supervised_loss(engine, batch)
