@@ -27,6 +27,14 @@ def test_components_follow_the_lecture_and_zero3():
     assert plan["allocated_gib"] == pytest.approx(sum(plan["components_gib"].values()))
 
 
+def test_one_rank_gathers_nothing_unless_its_weights_are_on_the_host():
+    on_gpu = plan_peak(MODEL, SAMPLE, 10_000_000, 1, ZERO, whole_blocks=True)["components_gib"]
+    on_host = plan_peak(MODEL, SAMPLE, 10_000_000, 1, {**ZERO, "offload_param": {"device": "cpu"}},
+                        whole_blocks=True)["components_gib"]
+    assert on_gpu["gathered_working_set"] == 0 and on_gpu["weights_partitioned"] * GIB == pytest.approx(8e9)
+    assert on_host["gathered_working_set"] * GIB == pytest.approx((600e6 + 100e6) * 2)  # copied to the GPU
+
+
 def test_more_ranks_less_memory_and_full_logits_cost_more():
     one = plan_peak(MODEL, SAMPLE, 10_000_000, 1, ZERO)["allocated_gib"]
     four = plan_peak(MODEL, SAMPLE, 10_000_000, 4, ZERO)["allocated_gib"]
