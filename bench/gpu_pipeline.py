@@ -37,6 +37,7 @@ from videosft.budget import resolve_budget  # noqa: E402
 from videosft.budget import plan  # noqa: E402
 from videosft.preprocess import SCHEMA_VERSION, ShardWriter, build_sample, gather, model_hashes, processor_geometry  # noqa: E402
 from videosft.video import Clip  # noqa: E402
+from trace_summary import load_events, summarize  # noqa: E402
 
 FRAME_SIDE = 448  # 448 / (16 x 2) = 14 merged tokens per side
 
@@ -173,7 +174,8 @@ def main() -> None:
     parser.add_argument("--work", type=Path, default=ROOT / "results" / "gpu-bench")
     parser.add_argument("--no-verify", dest="verify", action="store_false")
     parser.add_argument("--profile-step", type=int, default=None,
-                        help="profile this train step (train.profile_step); the tables are copied to --out")
+                        help="profile this train step (train.profile_step); the tables and rank 0's timeline are "
+                             "copied to --out, the timeline summarized (bench/trace_summary.py) in the results")
     parser.add_argument("--deepspeed-config", type=Path, default=ROOT / "workflow/deepspeed/zero3.json",
                         help="train.deepspeed_config (default: the pipeline's default)")
     parser.add_argument("--offload-activations", action="store_true", help="train.offload_activations")
@@ -235,6 +237,13 @@ def main() -> None:
             results["train"][f"{limit:g}"] = {**summarize_train(out, args.gpus), "wall_seconds": seconds}
             for profile in [*out.glob("profile.rank0.*"), *out.glob("profile.rank1.txt")]:
                 shutil.copy(profile, args.out / f"train-{limit:g}-{profile.name}")
+            trace = out / "profile.rank0.trace.json.gz"
+            if trace.exists():
+                try:
+                    timeline = summarize(load_events(trace))
+                except ValueError as error:  # a CPU run's trace has no device work to summarize
+                    timeline = {"unavailable": str(error)}
+                results["train"][f"{limit:g}"]["timeline_rank0"] = timeline
         except StageFailed as error:
             results["train"][f"{limit:g}"] = {"failed": str(error)}
 
