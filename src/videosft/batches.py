@@ -70,6 +70,10 @@ def prepare(rows: list[dict], pad_id: int, positions, pin: bool) -> dict:
     return batch
 
 
+def window_ids(rows: list[dict]) -> list[str]:
+    return [row["window_id"] for row in rows]
+
+
 class BatchesAhead:
     """Prepares the batch after this one on a host thread while the device works on this one.
 
@@ -84,14 +88,11 @@ class BatchesAhead:
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="batches-ahead")
         self.pending: tuple[list[str], Future] | None = None
 
-    def _key(self, rows: list[dict]) -> list[str]:
-        return [row["window_id"] for row in rows]
-
     def announce(self, rows: list[dict]) -> None:
-        self.pending = (self._key(rows), self.pool.submit(prepare, rows, self.pad_id, self.positions, self.pin))
+        self.pending = (window_ids(rows), self.pool.submit(prepare, rows, self.pad_id, self.positions, self.pin))
 
     def take(self, rows: list[dict]) -> dict:
-        if self.pending is not None and self.pending[0] == self._key(rows):
+        if self.pending is not None and self.pending[0] == window_ids(rows):
             host = self.pending[1].result()
         else:
             host = prepare(rows, self.pad_id, self.positions, self.pin)

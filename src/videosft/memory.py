@@ -163,17 +163,21 @@ def plan_peak(model: ModelFacts, sample: SampleFacts, trainable: int, world: int
     vision = patches * p * (4 * model.vision_hidden + model.vision_intermediate) + \
         patches_per_frame_pair**2 * model.vision_heads * p
     weights_on_host = ds_zero.get("offload_param", {}).get("device", "none") in ("cpu", "nvme")
+    if world == 1 and not weights_on_host:
+        # DeepSpeed hands each module its partition, which is the whole tensor: nothing is gathered
+        # (partition_parameters.py, NoGatherHandle)
+        gathered = 0
+    elif whole_blocks:
+        # whole blocks are gathered past the live limit, and the whole embedding (the tied LM head
+        # at the logits) is live beside a layer: the measured +1.39 GiB over per-module gathering on
+        # 2x H200 at 128 frames
+        gathered = largest_block + model.largest_layer_parameters
+    else:
+        gathered = min(max_live, largest_block + prefetch)  # the live limit caps per-module gathering
     components = {
         "weights_partitioned": 0 if weights_on_host else model.parameters * p / world,
         "persistent_small_parameters": model.small_parameters * p * (world - 1) / world,
-        # per module, the live limit caps what is gathered at once; whole blocks are gathered past
-        # it, and the whole embedding (the tied LM head at the logits) is live beside a layer: on
-        # 2x H200 at 128 frames this is the measured +1.39 GiB over per-module gathering. On one
-        # rank with the weights on the GPU, DeepSpeed hands the module its partition, which is the
-        # whole tensor, and gathers nothing (partition_parameters.py, NoGatherHandle)
-        "gathered_working_set": 0 if world == 1 and not weights_on_host else
-        ((largest_block + model.largest_layer_parameters) if whole_blocks
-         else min(max_live, largest_block + prefetch)) * p,
+        "gathered_working_set": gathered * p,
         # under offload_param the rank's partition of the block being gathered is staged on the GPU
         # for the all-gather (the largest: the embedding); fits the two measured offload peaks
         # (bench/RESULTS.md) within 8%, where without it they were 8% and 20% low
