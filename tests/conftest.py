@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -14,6 +15,50 @@ import pytest
 from videosft import config as config_lib
 
 PROJECT = Path(__file__).resolve().parents[1]
+# What a failing test shows of the processes it ran: the last characters of each one's output.
+OUTPUT_TAIL = 6000
+# How a collective that waited past its process-group timeout reads in a rank's output (gloo, c10d, DeepSpeed).
+PROCESS_GROUP_TIMEOUT = re.compile(r"timed out|timeout|Timed out|DistBackendError|Connection reset by peer")
+_subprocess_outputs: list[tuple[str, str]] = []
+
+
+def remember_output(command, output: str | None) -> None:
+    """Keep a subprocess's output so that a failing test shows it (see pytest_runtest_makereport)."""
+    text = " ".join(map(str, command)) if isinstance(command, (list, tuple)) else str(command)
+    _subprocess_outputs.append((text, output or ""))
+
+
+@pytest.fixture(autouse=True)
+def _forget_outputs():
+    _subprocess_outputs.clear()
+    yield
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A failed test's report ends with the output of every process it ran, and says so by name
+    when a process group timed out, or a process outlived the test's own timeout."""
+    report = (yield).get_result()
+    if report.when == "teardown" or not report.failed:  # setup covers the fixtures that run processes
+        return
+    outputs = list(_subprocess_outputs)
+    if call.excinfo is not None and isinstance(call.excinfo.value, subprocess.TimeoutExpired):
+        expired = call.excinfo.value
+        partial = expired.output.decode(errors="replace") if isinstance(expired.output, bytes) else expired.output
+        outputs.append((f"{expired.cmd} (killed after the test's timeout of {expired.timeout} s)", partial or ""))
+    for command, output in outputs:
+        heading = f"output of {command[:300]}"
+        if PROCESS_GROUP_TIMEOUT.search(output):
+            heading = "PROCESS GROUP TIMEOUT (a rank waited past its timeout: a loaded machine, or a rank that " \
+                      f"died or hung) in {heading}"
+        report.sections.append((heading, output[-OUTPUT_TAIL:]))
+
+
+def assert_ranges_close(actual, expected, tolerance: float = 1e-9) -> None:
+    """Two lists of (start, end) ranges: the same count, each bound within ``tolerance``."""
+    actual, expected = [tuple(r) for r in actual], [tuple(r) for r in expected]
+    assert len(actual) == len(expected) and all(
+        abs(a - b) <= tolerance for pair, other in zip(actual, expected) for a, b in zip(pair, other)), (actual, expected)
 
 
 def stage_json(stage: str, overrides: dict | None = None) -> str:
@@ -36,7 +81,7 @@ def demo_config(demo_dir) -> dict:
     return {
         "data": {"annotations": str(demo_dir / "annotations.jsonl"), "root": str(demo_dir / "videos")},
         "model": {"path": str(demo_dir / "model")},
-        "train": {"deepspeed_config": str(PROJECT / "workflow" / "deepspeed" / "zero3.json"), "timeout_s": 60},
+        "train": {"deepspeed_config": str(PROJECT / "workflow" / "deepspeed" / "zero3.json")},
     }
 
 
@@ -107,11 +152,14 @@ def qwen3vl_dir(demo_dir, tmp_path_factory) -> Path:
     return out
 
 
-def run_torchrun(args: list[str], nproc: int = 2, timeout: int = 300, env: dict | None = None):
-    """A real multi-process run, as the train rule starts it."""
+def run_torchrun(args: list[str], nproc: int = 2, timeout: int = 600, env: dict | None = None):
+    """A real multi-process run, as the train rule starts it; a failing test shows its output."""
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", *args]
     environment = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
-    return subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=environment, cwd=PROJECT)
+    result = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout,
+                            env=environment, cwd=PROJECT)
+    remember_output(command, result.stdout)
+    return result
 
 
 CHECKOUT = ["Snakefile", "config.yaml", "workflow", "src", "data/README.md"]
@@ -129,11 +177,26 @@ def copy_checkout(root: Path) -> Path:
     return root
 
 
-def snakemake(workdir: Path, *args: str, timeout: int = 600) -> subprocess.CompletedProcess:
-    """Snakemake in a copied checkout; the copy's own src/ comes first, as its editable install would."""
+def snakemake(workdir: Path, *args: str, timeout: int = 900) -> subprocess.CompletedProcess:
+    """Snakemake in a copied checkout; the copy's own src/ comes first, as its editable install would.
+    A failing test shows Snakemake's output and the log of every job that failed."""
     env = {**os.environ, "PYTHONPATH": str(workdir / "src")}
-    return subprocess.run([sys.executable, "-m", "snakemake", *args], cwd=workdir, env=env,
-                          capture_output=True, text=True, timeout=timeout)
+    command = [sys.executable, "-m", "snakemake", *args]
+    result = subprocess.run(command, cwd=workdir, env=env, capture_output=True, text=True, timeout=timeout)
+    remember_output(command, result.stdout + result.stderr)
+    for log in failed_job_logs(workdir, result.stdout + result.stderr):
+        remember_output([f"log of a failed job, {log}"], log.read_text(errors="replace"))
+    return result
+
+
+def failed_job_logs(workdir: Path, output: str) -> list[Path]:
+    """The logs Snakemake names in its 'Error in rule' blocks."""
+    logs = []
+    for block in output.split("Error in rule ")[1:]:
+        match = re.search(r"^\s*log: (\S+)", block, re.MULTILINE)
+        if match and (workdir / match.group(1)).is_file():
+            logs.append(workdir / match.group(1))
+    return logs
 
 
 def scale_gradient(tensor, factor: float):

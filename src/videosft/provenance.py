@@ -50,10 +50,9 @@ ENV_EXACT = (
     "MASTER_PORT",
     "OMP_NUM_THREADS",
     "PYTHONPATH",
-    "VIDEOSFT_ALLOW_MIXED_ENVIRONMENTS",
-    "VIDEOSFT_GATED_DELTANET",
+    "PYTORCH_CUDA_ALLOC_CONF",
 )
-ENV_PREFIXES = ("SLURM_",)
+ENV_PREFIXES = ("SLURM_", "VIDEOSFT_")  # every VIDEOSFT_* switch, present and future
 
 
 def stage_sources(stage: str) -> list[Path]:
@@ -181,6 +180,21 @@ def sha256_file(path: Path) -> str:
         for block in iter(lambda: handle.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
+
+
+def path_fingerprint(path: str | Path) -> str:
+    """A digest of the size and modification time of a file, or of every file under a directory
+    (by relative path, following links, hidden names skipped): what the workflow watches in data
+    and checkpoint directories, whose own modification time changes only when entries come or go."""
+    root = Path(path)
+    files = [root] if root.is_file() else sorted(
+        file for file in root.rglob("*")
+        if file.is_file() and not any(part.startswith(".") for part in file.relative_to(root).parts))
+    digest = hashlib.sha256()
+    for file in files:
+        stat = file.stat()
+        digest.update(f"{file.relative_to(root) if file != root else ''}\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode())
+    return f"{len(files)} files, sha256 {digest.hexdigest()[:16]}"
 
 
 def source_hashes(stage: str) -> dict[str, str]:

@@ -49,6 +49,7 @@ from .sampling import Cursor, DataError, check_every_rank_has_a_batch, check_led
 
 ADAPTER_FILES = {"adapter_model.safetensors", "adapter_config.json", "README.md"}
 WORKFLOW_MARKERS = {".snakemake_timestamp"}  # Snakemake stamps directory outputs with this
+SHM_COMM_OP = "deepspeed_shm_comm"  # DeepSpeed's name for its CPU shared-memory collectives op
 
 
 # ---------------------------------------------------------------- data
@@ -602,6 +603,10 @@ def main(argv: list[str] | None = None) -> int:
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     if torch.cuda.is_available():
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    else:
+        # On CPU, DeepSpeed compiles a shared-memory C++ op on first use (30 s, minutes on a loaded
+        # machine) that only its tensor-parallel inference all-reduce calls; training needs gloo alone.
+        deepspeed.ops.__compatible_ops__[SHM_COMM_OP] = False
     deepspeed.init_distributed(dist_backend=backend, timeout=dt.timedelta(seconds=cfg["train"]["timeout_s"]))
     rank = torch.distributed.get_rank()
     args.out.mkdir(parents=True, exist_ok=True)

@@ -16,7 +16,7 @@ def test_four_ranks_each_read_their_own_window_and_the_adapter_reloads(prepared,
     result = run_torchrun(["-m", "videosft.train", "--config", stage_json("train", cfg), "--samples", str(manifest),
                            "--probe", str(prepared / "probe" / "probe.json"), "--out", str(out)], nproc=4, timeout=600)
     # A rank may rarely abort at interpreter exit after all work is done: judge by artifacts.
-    assert (out / "run_record.json").exists(), result.stdout[-3000:] + result.stderr[-3000:]
+    assert (out / "run_record.json").exists()
     results = json.loads((out / "run_record.json").read_text())["results"]
     assert results["world_size"] == 4
     assert results["ledger"]["consumed_per_rank"] == {str(rank): 2 for rank in range(4)}

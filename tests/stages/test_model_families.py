@@ -27,7 +27,7 @@ def run_stages(model_dir: Path, demo_config: dict, out: Path) -> dict:
                        "--out", str(out / "probe")]) == 0
     result = run_torchrun(["-m", "videosft.train", "--config", stage_json("train", cfg), "--samples", str(manifest),
                            "--probe", str(out / "probe" / "probe.json"), "--out", str(out / "train")])
-    assert (out / "train" / "adapter" / "adapter_model.safetensors").exists(), result.stderr[-3000:]
+    assert (out / "train" / "adapter" / "adapter_model.safetensors").exists()
     assert verify.main(["--config", stage_json("verify", cfg), "--adapter", str(out / "train" / "adapter"),
                         "--samples", str(manifest), "--out", str(out / "verify")]) == 0
     return {stage: json.loads((out / stage / "run_record.json").read_text())["results"]

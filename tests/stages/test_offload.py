@@ -60,7 +60,7 @@ def test_offload_profile_trains_the_same_adapter_on_two_ranks(prepared, demo_con
         result = run_torchrun(["-m", "videosft.train", "--config", stage_json("train", cfg), "--samples",
                                str(prepared / "preprocess" / "manifest.json"), "--probe",
                                str(prepared / "probe" / "probe.json"), "--out", str(out)])
-        assert (out / "adapter" / "adapter_model.safetensors").exists(), result.stderr[-3000:]
+        assert (out / "adapter" / "adapter_model.safetensors").exists()
         adapters[name] = load_file(out / "adapter" / "adapter_model.safetensors")
         plans[name] = json.loads((out / "run_record.json").read_text())["results"]["memory"]["predicted"]
     assert adapters["default"].keys() == adapters["offload"].keys()

@@ -18,12 +18,20 @@ from videosft.preprocess import read_samples
 def trained(prepared, demo_config, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("train")
     profiled = {**demo_config, "train": {**demo_config["train"], "profile_step": 2}}
-    result = run_torchrun(["-m", "videosft.train", "--config", stage_json("train", profiled),
-                           "--samples", str(prepared / "preprocess" / "manifest.json"),
-                           "--probe", str(prepared / "probe" / "probe.json"), "--out", str(out)])
+    run_torchrun(["-m", "videosft.train", "--config", stage_json("train", profiled),
+                  "--samples", str(prepared / "preprocess" / "manifest.json"),
+                  "--probe", str(prepared / "probe" / "probe.json"), "--out", str(out)],
+                 env={"TORCH_EXTENSIONS_DIR": str(out / "torch_extensions")})
     # A rank may rarely abort at interpreter exit after all work is done: judge by artifacts.
-    assert (out / "run_record.json").exists(), result.stdout[-3000:] + result.stderr[-3000:]
+    assert (out / "run_record.json").exists()
     return out
+
+
+def test_cpu_training_compiles_no_deepspeed_op(trained):
+    """DeepSpeed's shared-memory op (a C++ build of minutes on a loaded machine at first use) is not
+    needed for training on gloo, so the train stage never builds it."""
+    built = trained / "torch_extensions"
+    assert not built.exists() or not any(built.rglob("*.so")), sorted(built.rglob("*"))
 
 
 def test_two_rank_zero3_training_writes_a_full_shape_adapter(trained, demo_config):
@@ -93,9 +101,9 @@ def test_a_rank_without_a_batch_fails_at_once_naming_it(prepared, demo_config, t
     overrides = {**demo_config, "train": {**demo_config["train"], "tail": "drop", "timeout_s": 20}}
     result = run_torchrun(["-m", "videosft.train", "--config", stage_json("train", overrides), "--samples", str(one),
                            "--probe", str(prepared / "probe" / "probe.json"), "--out", str(tmp_path / "out")],
-                          timeout=120)
+                          timeout=300)
     assert result.returncode != 0
-    assert "ranks [1] would get no batch" in result.stderr + result.stdout
+    assert "ranks [1] would get no batch" in result.stdout
     assert not (tmp_path / "out" / "adapter").exists()
 
 
@@ -199,7 +207,7 @@ def test_load_verification_checks_each_rank_partition_and_every_rank_hears_of_a_
     result = run_torchrun([str(script), str(demo_dir / "model"), str(prepared / "probe" / "probe.json"),
                            str(tmp_path)], timeout=300)
     reports = [tmp_path / f"rank{rank}.json" for rank in (0, 1)]
-    assert all(r.exists() for r in reports), result.stdout[-3000:] + result.stderr[-3000:]
+    assert all(r.exists() for r in reports)
     for report in map(lambda r: json.loads(r.read_text()), reports):
         entries = len(json.loads((prepared / "probe" / "probe.json").read_text())["key_map"])
         assert report["loaded"] == f"{entries} of {entries} entries matched"

@@ -33,7 +33,7 @@ def test_whole_block_gathering_trains_the_same_adapter_on_two_ranks(prepared, de
         result = run_torchrun(["-m", "videosft.train", "--config", stage_json("train", cfg), "--samples",
                                str(prepared / "preprocess" / "manifest.json"), "--probe",
                                str(prepared / "probe" / "probe.json"), "--out", str(out)])
-        assert (out / "adapter" / "adapter_model.safetensors").exists(), result.stderr[-3000:]
+        assert (out / "adapter" / "adapter_model.safetensors").exists()
         adapters[whole] = load_file(out / "adapter" / "adapter_model.safetensors")
         records[whole] = json.loads((out / "run_record.json").read_text())["results"]
     assert records[False]["zero3_leaf_blocks"] == []
@@ -60,5 +60,5 @@ def test_whole_blocks_without_checkpointing_is_refused_before_the_model_is_built
                            str(prepared / "preprocess" / "manifest.json"), "--probe",
                            str(prepared / "probe" / "probe.json"), "--out", str(tmp_path / "out")], nproc=1)
     assert result.returncode != 0
-    assert "train.gather_whole_blocks needs train.gradient_checkpointing: true" in result.stderr
+    assert "train.gather_whole_blocks needs train.gradient_checkpointing: true" in result.stdout
     assert not (tmp_path / "out" / "adapter").exists()

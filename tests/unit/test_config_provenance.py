@@ -50,6 +50,8 @@ def test_run_record_names_interpreter_versions_and_hashes(tmp_path, monkeypatch)
 
     monkeypatch.setenv("VIDEO_MAX_TOKEN_NUM", "196")
     monkeypatch.setenv("SLURM_JOB_ID", "42")
+    monkeypatch.setenv("VIDEOSFT_FUSED_KERNELS", "torch")  # every VIDEOSFT_* switch, not a list to keep up
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
     with provenance.run_record("window", tmp_path, {"window": {"length": 8}}) as record:
         record["results"] = {"windows": 3}
     saved = json.loads((tmp_path / "run_record.json").read_text())
@@ -57,6 +59,8 @@ def test_run_record_names_interpreter_versions_and_hashes(tmp_path, monkeypatch)
     assert saved["packages"]["torch"] and saved["packages"]["deepspeed"]
     assert saved["sources"]["window.py"] == provenance.sha256_file(provenance.PACKAGE_DIR / "window.py")
     assert saved["env"]["VIDEO_MAX_TOKEN_NUM"] == "196" and saved["env"]["SLURM_JOB_ID"] == "42"
+    assert saved["env"]["VIDEOSFT_FUSED_KERNELS"] == "torch"
+    assert saved["env"]["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
     assert saved["results"] == {"windows": 3}
 
 

@@ -3,8 +3,8 @@ multi-node torchrun launcher workflow/scripts/torchrun-slurm.sh.
 
 The cluster (munge, MariaDB, slurmdbd, slurmctld, slurmd from Debian's packages; see
 slurm_cluster.py) is started once for this module and always stopped at its end. Without the
-packages, and without root + apt-get to install them, the cluster tests are skipped with the
-reason; the launcher's own tests need no Slurm at all.
+packages the cluster tests are skipped, saying how to install them (`bash .ci/install-slurm.sh` as
+root; the tests themselves never install anything); the launcher's own tests need no Slurm at all.
 """
 
 from __future__ import annotations
@@ -180,7 +180,7 @@ def test_two_torchrun_agents_meet_through_the_launcher(tmp_path):
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    reason = slurm_cluster.ensure_installed()
+    reason = slurm_cluster.not_installed()
     if reason:
         pytest.skip(reason)
     reason = slurm_cluster.conf_in_the_way()

@@ -6,11 +6,13 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from conftest import copy_checkout, snakemake
 
@@ -45,6 +47,15 @@ def test_lint_is_clean():
                             text=True, timeout=120)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "Lints for" not in result.stdout + result.stderr, result.stdout + result.stderr
+
+
+def test_no_test_calls_a_package_manager():
+    """A test suite never changes the machine it runs on: system packages come from .ci/run or the
+    user's explicit opt-in (bash .ci/install-slurm.sh), Python packages from the README's install."""
+    managers = re.compile(r"""["'](apt-get|apt|dpkg|pip|pip3|conda|mamba|dnf|yum|npm)["']\s*,\s*["'](install|update|upgrade)""")
+    for path in sorted((PROJECT / "tests").rglob("*.py")):
+        if path.name != "test_workflow.py":
+            assert not managers.search(path.read_text()), f"{path} calls a package manager"
 
 
 @pytest.fixture(scope="module")
@@ -190,3 +201,62 @@ def test_keep_going_finishes_the_independent_jobs_when_one_is_killed(full_run):
     # what is left is the killed shard and everything after it, not the shard that finished
     assert planned_jobs(snakemake(full_run, "-n").stdout) == {
         "preprocess_shard": 1, "preprocess": 1, "probe": 1, "train": 1, "verify": 1, "report": 1, "all": 1}
+
+
+@pytest.fixture(scope="module")
+def user_run(full_run, tmp_path_factory) -> Path:
+    """The pipeline on data outside the demo's folder, as a user's: annotations, videos and a checkpoint
+    that Snakemake did not make, so it watches them only through the config's paths."""
+    workdir = copy_checkout(tmp_path_factory.mktemp("user"))
+    shutil.copytree(full_run / "data" / "demo", workdir / "mine", ignore=shutil.ignore_patterns(".*", "run_record.json"))
+    (workdir / "mine.yaml").write_text(yaml.safe_dump({
+        "data": {"annotations": "mine/annotations.jsonl", "root": "mine/videos"}, "model": {"path": "mine/model"}}))
+    result = snakemake(workdir, "--cores", "2", "--configfile", "mine.yaml")
+    assert result.returncode == 0
+    assert not (workdir / "data" / "demo").exists()
+    return workdir
+
+
+def replace_keeping_mtime(path: Path, content: bytes) -> None:
+    """New content under the old modification time: only the size tells the file changed."""
+    stat = path.stat()
+    path.write_bytes(content)
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert path.stat().st_size != stat.st_size
+
+
+def test_a_changed_video_or_checkpoint_file_reruns_its_stages(user_run):
+    after_window = {"window": 1, "preprocess_shard": 2, "preprocess": 1, "probe": 1, "train": 1, "verify": 1,
+                    "report": 1, "all": 1}
+    assert planned_jobs(snakemake(user_run, "-n", "--configfile", "mine.yaml").stdout) == {}
+    videos = sorted((user_run / "mine" / "videos").iterdir())
+    original = videos[0].read_bytes()
+    replace_keeping_mtime(videos[0], videos[1].read_bytes())
+    try:
+        assert planned_jobs(snakemake(user_run, "-n", "--configfile", "mine.yaml").stdout) == after_window
+    finally:
+        replace_keeping_mtime(videos[0], original)
+    config = user_run / "mine" / "model" / "config.json"
+    original = config.read_bytes()
+    replace_keeping_mtime(config, original + b"\n")
+    try:
+        planned = planned_jobs(snakemake(user_run, "-n", "--configfile", "mine.yaml").stdout)
+        assert planned == {key: count for key, count in after_window.items() if key != "window"}
+    finally:
+        replace_keeping_mtime(config, original)
+    assert planned_jobs(snakemake(user_run, "-n", "--configfile", "mine.yaml").stdout) == {}
+
+
+def test_a_missing_input_fails_before_anything_runs(user_run):
+    windows = user_run / "results" / "window" / "windows.parquet"
+    before = windows.stat().st_mtime_ns
+    for key, value in (("annotations", "mine/nothing-here.jsonl"), ("root", "mine/no-videos")):
+        (user_run / "gone.yaml").write_text(yaml.safe_dump({"data": {key: value}}))
+        result = snakemake(user_run, "--cores", "2", "--configfile", "mine.yaml", "gone.yaml")
+        output = result.stdout + result.stderr
+        assert result.returncode != 0
+        assert f"config data.{key}: {value} does not exist" in output and "Traceback" not in output, output[-2000:]
+    (user_run / "gone.yaml").write_text(yaml.safe_dump({"model": {"path": "mine/no-model"}}))
+    result = snakemake(user_run, "--cores", "2", "--configfile", "mine.yaml", "gone.yaml")
+    assert result.returncode != 0 and "config model.path: mine/no-model does not exist" in result.stdout + result.stderr
+    assert windows.stat().st_mtime_ns == before and not re.search(r"^rule \w+:", result.stdout, re.M)

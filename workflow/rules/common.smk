@@ -1,7 +1,9 @@
+import functools
 import json
 import sys
 from pathlib import Path
 
+from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
 
@@ -14,7 +16,7 @@ wildcard_constraints:
 SRC = Path(workflow.basedir) / "src"
 sys.path.insert(0, str(SRC))
 from videosft.config import stage_config
-from videosft.provenance import stage_sources
+from videosft.provenance import path_fingerprint, stage_sources
 
 ENV = "../envs/videosft.yaml"
 
@@ -34,6 +36,33 @@ def stage_json(stage):
     A function, so that braces in config values are not taken for wildcards.
     """
     text = json.dumps(stage_config(stage, config), sort_keys=True)
+    return lambda wildcards: text
+
+
+DEMO = "data/demo"  # the demo rule's outputs, which Snakemake tracks itself
+
+
+def config_path(key):
+    """The path at a dotted config key (``data.root``), which must exist unless the demo rule makes
+    it: a missing input is an error before anything runs, never a run on earlier outputs."""
+    section, name = key.split(".")
+    path = config[section][name]
+    if not Path(path).exists() and not Path(path).is_relative_to(DEMO):
+        raise WorkflowError(f"config {key}: {path} does not exist (working directory {Path.cwd()}). "
+                            f"Point {key} at an existing path in your config file or with --config.")
+    return path
+
+
+@functools.cache
+def _fingerprint(path):
+    return "made by rule demo" if Path(path).is_relative_to(DEMO) else path_fingerprint(path)
+
+
+def data_fingerprint(*keys):
+    """Params that change when any file at these config paths changes (size or modification time
+    of the file, or of every file under the directory): Snakemake sees a directory input change only
+    when an entry is added or removed, not when a video or checkpoint file in it is replaced."""
+    text = "; ".join(f"{key}={_fingerprint(config_path(key))}" for key in keys)
     return lambda wildcards: text
 
 

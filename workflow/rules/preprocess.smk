@@ -5,8 +5,8 @@ rule preprocess_shard:
     """Decode one shard of the windows under the token budget; chat, labels and pixels to Parquet."""
     input:
         windows=rules.window.output.windows,
-        videos=config["data"]["root"],
-        model=config["model"]["path"],
+        videos=config_path("data.root"),
+        model=config_path("model.path"),
         after=rules.window.output.record,
         code=sources("preprocess"),
     output:
@@ -14,6 +14,7 @@ rule preprocess_shard:
     params:
         job="preprocess_shard/{shard}",
         cfg=stage_json("preprocess"),
+        data=data_fingerprint("data.root", "model.path"),
         shards=len(SHARDS),
     conda:
         ENV

@@ -1,9 +1,9 @@
 rule probe:
     """Checkpoint keys, shapes and dtypes against the model built on the meta device."""
     input:
-        model=config["model"]["path"],
+        model=config_path("model.path"),
         samples=rules.preprocess.output.manifest,
-        deepspeed=config["train"]["deepspeed_config"],
+        deepspeed=config_path("train.deepspeed_config"),
         after=rules.window.output.record,
         code=sources("probe"),
     output:
@@ -12,6 +12,7 @@ rule probe:
     params:
         job="probe",
         cfg=stage_json("probe"),
+        data=data_fingerprint("model.path"),
         out=output_dir,
     conda:
         ENV

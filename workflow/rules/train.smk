@@ -4,8 +4,8 @@ rule train:
     input:
         samples=rules.preprocess.output.manifest,
         probe=rules.probe.output.probe,
-        model=config["model"]["path"],
-        deepspeed=config["train"]["deepspeed_config"],
+        model=config_path("model.path"),
+        deepspeed=config_path("train.deepspeed_config"),
         after=rules.window.output.record,
         code=sources("train"),
     output:
@@ -14,6 +14,7 @@ rule train:
     params:
         job="train",
         cfg=stage_json("train"),
+        data=data_fingerprint("model.path"),
         out=output_dir,
         launch=train_launcher,
     threads: 2

@@ -3,7 +3,7 @@ rule verify:
     input:
         adapter=rules.train.output.adapter,
         samples=rules.preprocess.output.manifest,
-        model=config["model"]["path"],
+        model=config_path("model.path"),
         after=rules.window.output.record,
         code=sources("verify"),
     output:
@@ -12,6 +12,7 @@ rule verify:
     params:
         job="verify",
         cfg=stage_json("verify"),
+        data=data_fingerprint("model.path"),
         out=output_dir,
     conda:
         ENV

@@ -1,8 +1,8 @@
 rule window:
     """Cut videos into windows, realign keep ranges into window time, split train/val by video."""
     input:
-        annotations=config["data"]["annotations"],
-        videos=config["data"]["root"],
+        annotations=config_path("data.annotations"),
+        videos=config_path("data.root"),
         code=sources("window"),
     output:
         windows="results/window/windows.parquet",
@@ -11,6 +11,7 @@ rule window:
     params:
         job="window",
         cfg=stage_json("window"),
+        data=data_fingerprint("data.annotations", "data.root"),
         out=output_dir,
     conda:
         ENV
