@@ -35,6 +35,7 @@ class TensorInfo:
     shard: str
     dtype: str
     shape: list[int]
+    nbytes: int = 0
 
 
 def read_header(path: Path) -> dict[str, dict]:
@@ -80,7 +81,8 @@ def read_checkpoint(model_dir: Path) -> dict[str, TensorInfo]:
             if key in tensors:
                 raise CheckpointError(f"key {key} is in two shards: {tensors[key].shard} and {shard}")
             dtype = SAFETENSORS_DTYPES.get(entry["dtype"], entry["dtype"])
-            tensors[key] = TensorInfo(key, shard, dtype, list(entry["shape"]))
+            begin, end = entry["data_offsets"]
+            tensors[key] = TensorInfo(key, shard, dtype, list(entry["shape"]), end - begin)
     if weight_map is not None:
         misplaced = [k for k, s in weight_map.items() if k in tensors and tensors[k].shard != s]
         absent = [k for k in weight_map if k not in tensors]
@@ -140,6 +142,7 @@ class Report:
     key_map: dict[str, str] = field(default_factory=dict)  # checkpoint key -> canonical model name
     missing: list[str] = field(default_factory=list)
     unexpected: list[str] = field(default_factory=list)
+    ignored: list[str] = field(default_factory=list)  # extras the model class declares ignorable: never loaded
     shape_mismatch: list[dict] = field(default_factory=list)
     dtype_mismatch: list[dict] = field(default_factory=list)
     renamed: int = 0
@@ -199,7 +202,28 @@ def map_checkpoint(model, tensors: dict[str, TensorInfo], expected_dtype: str | 
             report.dtype_mismatch.append({"key": key, "checkpoint": info.dtype, "expected": expected_dtype})
     mapped = set(report.key_map.values())
     report.missing = [name for name in groups if name not in mapped]
+    report.ignored = declared_ignorable(model, report.unexpected)
+    report.unexpected = [key for key in report.unexpected if key not in set(report.ignored)]
     return report
+
+
+def declared_ignorable(model, keys: list[str]) -> list[str]:
+    """The checkpoint keys that the model class declares it skips on load, by transformers' own
+    rule (``_keys_to_ignore_on_load_unexpected`` of the class and its submodules, and the legacy
+    buffers transformers drops): e.g. the multi-token-prediction ``mtp.*`` tensors of published
+    Qwen3.5 checkpoints. Every other unexpected key stays an error."""
+    from types import SimpleNamespace
+
+    info = SimpleNamespace(missing_keys=set(), unexpected_keys=set(keys))
+    model._adjust_missing_and_unexpected_keys(info)
+    return sorted(set(keys) - info.unexpected_keys)
+
+
+def extras_summary(keys: list[str], tensors: dict[str, TensorInfo]) -> dict:
+    """Count, bytes and prefixes of checkpoint tensors the model does not use."""
+    by_prefix = {prefix: {"count": len(group), "bytes": sum(tensors[key].nbytes for key in group)}
+                 for prefix, group in group_by_prefix(keys, depth=1).items()}
+    return {"count": len(keys), "bytes": sum(tensors[key].nbytes for key in keys), "by_prefix": by_prefix}
 
 
 def logical_shape(parameter) -> list[int]:

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 from . import config as config_lib
-from .keymap import CheckpointError, build_meta_model, map_checkpoint, read_checkpoint
+from .keymap import CheckpointError, build_meta_model, extras_summary, map_checkpoint, read_checkpoint
 from .lora import coverage
 from .memory import SampleFacts, flowchart, largest_frames, model_facts, plan_peak, planned_kernels
 from .preprocess import read_samples
@@ -135,6 +135,7 @@ def probe(cfg: dict, manifest: Path | None = None) -> dict:
         "renamed": report.renamed,
         "missing": report.missing,
         "unexpected": report.unexpected,
+        "known_extras": extras_summary(report.ignored, tensors),
         "shape_mismatch": report.shape_mismatch,
         "dtype_mismatch": report.dtype_mismatch,
         "agreement_problems": agreement,
@@ -164,6 +165,11 @@ def main(argv: list[str] | None = None) -> int:
               f"tensors mapped ({result['renamed']} renamed), {result['parameters']:,} parameters; LoRA on "
               f"{lora['modules']} modules {lora['modules_per_layer_type']}, "
               f"{lora['trainable_parameters']:,} trainable")
+        extras = result["known_extras"]
+        if extras["count"]:
+            print(f"probe: {extras['count']} checkpoint tensors ({extras['bytes'] / 2**20:,.1f} MiB) that "
+                  f"{result['model_class']} declares it does not use are left out, as transformers leaves them: "
+                  + ", ".join(f"{prefix}.* ({group['count']})" for prefix, group in extras["by_prefix"].items()))
         if result["memory"]:
             plan = result["memory"]
             for world, peak in plan["per_world_size"].items():

@@ -112,6 +112,37 @@ def test_missing_unexpected_and_misshapen_keys_are_listed(demo_dir, tmp_path):
     assert record["status"] == "failed" and "norm.weight" in record["error"]
 
 
+def add_shard(model_dir: Path, name: str, tensors: dict) -> None:
+    """A shard of extra tensors, listed in the index, as published checkpoints carry them."""
+    from safetensors.torch import save_file
+
+    save_file(tensors, model_dir / name, metadata={"format": "pt"})
+    index_path = model_dir / "model.safetensors.index.json"
+    index = json.loads(index_path.read_text())
+    index["weight_map"].update({key: name for key in tensors})
+    index_path.write_text(json.dumps(index))
+
+
+def test_extras_the_model_class_declares_ignorable_are_reported_not_loaded(demo_dir, tmp_path):
+    """Published Qwen3.5 checkpoints carry multi-token-prediction tensors (mtp.*) that transformers
+    skips by the class's own declaration; any other extra stays an error."""
+    import torch
+
+    model_dir = copy_checkpoint(demo_dir / "model", tmp_path / "m")
+    add_shard(model_dir, "model-mtp.safetensors", {"mtp.fc.weight": torch.zeros(64, 128, dtype=torch.bfloat16),
+                                                   "mtp.norm.weight": torch.ones(64, dtype=torch.bfloat16)})
+    result = run_probe(model_dir, tmp_path / "out")
+    assert result["ok"] and result["unexpected"] == []
+    assert result["known_extras"] == {"count": 2, "bytes": (64 * 128 + 64) * 2,
+                                      "by_prefix": {"mtp": {"count": 2, "bytes": (64 * 128 + 64) * 2}}}
+    assert not any(key.startswith("mtp.") for key in result["key_map"])
+    assert result["mapped"] == result["model_tensors"] == result["checkpoint_tensors"] - 2
+
+    add_shard(model_dir, "model-other.safetensors", {"other.weight": torch.zeros(4, dtype=torch.bfloat16)})
+    with pytest.raises(CheckpointError, match=r"1 parameters unexpected in the checkpoint:\n  other.weight"):
+        run_probe(model_dir, tmp_path / "out2")
+
+
 def test_header_reading_never_touches_tensor_data(tmp_path):
     """A header describing 4 GiB of data in a sparse file: read without reading the data."""
     from videosft.keymap import read_header
