@@ -35,12 +35,13 @@ import pyarrow.parquet as pq
 from . import config as config_lib
 from .budget import Budget, resolve_budget
 from .chat import assistant_labels, messages, prompt_timestamps, render_answer
+from .layout import VideoTokens, check_layout, layout_name, template_text
 from .provenance import exit_after, run_record, sha256_file, stage_parser, write_json
 from .rejects import Rejects
 from .video import Clip, VideoFile
 from .window import resolve_video
 
-SCHEMA_VERSION = 2  # 2: second_per_grid (Qwen2.5-VL's time step per frame pair)
+SCHEMA_VERSION = 3  # 2: second_per_grid (Qwen2.5-VL's time step per frame pair); 3: video_layout
 # Seconds of frame time per unit of VideoMetadata.frames_indices: the processor writes
 # frames_indices / fps as each frame's time, so indices in milliseconds of window time make its
 # <t seconds> markers the frames' presentation times minus the window start, also for variable
@@ -143,8 +144,9 @@ def encode_window(window: dict, video: VideoFile, processor, cfg: dict, budget: 
     clip = video.clip(window["window_start"], window["window_end"], budget, **geometry)
     decode_seconds = time.perf_counter() - started
     answer = render_answer(window["keep_local"])
+    layout = layout_name(cfg["prompt"]["video_layout"], tells_time_by_grid(processor))
     text = processor.apply_chat_template(messages(cfg["prompt"], window["query"], answer), tokenize=False)
-    encoded = encode(processor, clip, text)
+    encoded = encode(processor, clip, template_text(text, layout))
     input_ids = encoded["input_ids"][0].tolist()
     grid = tuple(int(v) for v in encoded["video_grid_thw"][0])
     if grid != clip.plan.grid:
@@ -155,6 +157,9 @@ def encode_window(window: dict, video: VideoFile, processor, cfg: dict, budget: 
     visual_tokens = sum(token == processor.video_token_id for token in input_ids)
     if visual_tokens != clip.plan.visual_tokens:
         raise SampleError(f"{visual_tokens} video tokens in the prompt, grid implies {clip.plan.visual_tokens}")
+    pairs = grid[0]
+    check_layout(input_ids, VideoTokens.of(processor.tokenizer), processor.tokenizer.decode, layout,
+                 [visual_tokens // pairs] * pairs)
     expected = frame_pair_times(clip.local_times, geometry["temporal_patch_size"])
     if tells_time_by_grid(processor):
         check_grid_times(float(encoded["second_per_grid_ts"][0]), expected)
@@ -358,6 +363,7 @@ def run_shard(windows_path: Path, out_dir: Path, cfg: dict, shard: int, shards: 
         "geometry": geometry,
         "model_files_sha256": model_hashes(model_path),
         "max_length": cfg["data"]["max_length"],
+        "video_layout": layout_name(cfg["prompt"]["video_layout"], tells_time_by_grid(processor)),
     }
     writer = ShardWriter(out_dir, metadata, int(cfg["preprocess"]["shard_mb"] * 2**20),
                          cfg["preprocess"]["pixel_compression"])
@@ -390,6 +396,7 @@ def run_shard(windows_path: Path, out_dir: Path, cfg: dict, shard: int, shards: 
     record["results"] = {
         "shard": shard, "shards": shards, "windows": len(windows), "samples": dict(writer.counts),
         "files": files, "rejects": rejects.summary(), "budget": budget.as_dict(), "geometry": geometry,
+        "video_layout": metadata["video_layout"],
         "facts": {key: values for key, values in facts.items()},
     }
     write_json(out_dir / "summary.json", record["results"])
@@ -422,6 +429,7 @@ def gather(shard_dirs: list[Path], out_dir: Path, cfg: dict, record: dict) -> No
         "windows": windows, "samples": dict(counts), "rejects": len(rejects),
         "rejects_by_reason": rejects.summary()["by_reason"],
         "budget": budget, "geometry": summaries[0]["geometry"], "shards": len(shard_dirs),
+        "video_layout": summaries[0]["video_layout"],
         **{key: summarize(values) for key, values in facts.items()},
     }
     results = record["results"]
@@ -437,7 +445,8 @@ def gather(shard_dirs: list[Path], out_dir: Path, cfg: dict, record: dict) -> No
         if not counts.get(split):
             raise ValueError(f"no {split} samples were produced; check the window split and the rejects")
     write_json(out_dir / MANIFEST, {"schema_version": SCHEMA_VERSION, "files": dict(files), "samples": dict(counts),
-                                    "budget": budget, "geometry": summaries[0]["geometry"]})
+                                    "budget": budget, "geometry": summaries[0]["geometry"],
+                                    "video_layout": summaries[0]["video_layout"]})
 
 
 def sample_files(manifest_path: Path, split: str) -> list[Path]:
