@@ -52,11 +52,24 @@ def messages(prompt_cfg: dict, query: str | None, answer: str | None = None) -> 
     return turns
 
 
-def assistant_labels(input_ids: list[int], tokenizer, answer: str) -> list[int]:
+# Keyword arguments every chat template is rendered with. Qwen3 / Qwen3.5's hybrid-thinking
+# templates write an empty think block in the last assistant turn, and end a generation prompt in
+# it with enable_thinking=False; templates without thinking ignore the argument.
+TEMPLATE_KWARGS = {"enable_thinking": False}
+EMPTY_THINK = "<think>\n\n</think>\n\n"
+THINK_BLOCK_PLACES = ("prompt", "answer")
+
+
+def assistant_labels(input_ids: list[int], tokenizer, answer: str, think_block: str = "prompt") -> list[int]:
     """Labels that supervise only the last assistant turn: its answer tokens and ``<|im_end|>``.
 
-    Fails, naming what it found, if the answer is not there whole (truncated or re-tokenized).
+    Where the chat template wrote an empty think block before the answer, ``think_block`` says
+    whose it is: the prompt's (never supervised; generation starts after it) or the answer's
+    (supervised with it; generation starts before it). docs/video-layout.md says why "prompt" is the
+    default. Fails, naming what it found, if the answer is not there whole (truncated or re-tokenized).
     """
+    if think_block not in THINK_BLOCK_PLACES:
+        raise ValueError(f"prompt.think_block {think_block!r} is not one of {THINK_BLOCK_PLACES}")
     im_start = tokenizer.convert_tokens_to_ids("<|im_start|>")
     im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
     header = tokenizer("assistant\n", add_special_tokens=False)["input_ids"]
@@ -67,16 +80,29 @@ def assistant_labels(input_ids: list[int], tokenizer, answer: str) -> list[int]:
     if input_ids[begin:begin + len(header)] != header:
         raise ValueError("the last turn is not the assistant's")
     begin += len(header)
+    think = tokenizer(EMPTY_THINK, add_special_tokens=False)["input_ids"]
+    expected = answer
+    if input_ids[begin:begin + len(think)] == think:
+        if think_block == "prompt":
+            begin += len(think)
+        else:
+            expected = EMPTY_THINK + answer
     try:
         end = input_ids.index(im_end, begin)
     except ValueError:
         raise ValueError("the assistant turn has no <|im_end|>: the answer was truncated") from None
     decoded = tokenizer.decode(input_ids[begin:end])
-    if decoded != answer:
-        raise ValueError(f"the supervised span decodes to {decoded!r}, not the answer {answer!r}")
+    if decoded != expected:
+        raise ValueError(f"the supervised span decodes to {decoded!r}, not the answer {expected!r}")
     labels = [IGNORE_INDEX] * len(input_ids)
     labels[begin:end + 1] = input_ids[begin:end + 1]
     return labels
+
+
+def generated_answer(text: str) -> str:
+    """A generated text without the empty think block that answers learned to begin with
+    (``prompt.think_block: answer``); any other text is left as it is, for the parser to judge."""
+    return text[len(EMPTY_THINK):] if text.startswith(EMPTY_THINK) else text
 
 
 _TIMESTAMP = re.compile(r"<(\d+(?:\.\d+)?) seconds>")

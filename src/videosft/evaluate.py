@@ -8,7 +8,7 @@ as the field notes saw with ``<argmax>11</argmax>``) is counted as such too.
 
 from __future__ import annotations
 
-from .chat import IGNORE_INDEX, parse_answer
+from .chat import IGNORE_INDEX, generated_answer, parse_answer
 from .metrics import window_metrics
 
 # A token repeated this many times in a row, or an n-gram (n <= 4) repeated this many times in a
@@ -34,8 +34,10 @@ def is_degenerate(tokens: list[int], ended: bool) -> bool:
     return False
 
 
-def generate(model, rows: list[dict], tokenizer, max_new_tokens: int, collate) -> list[dict]:
-    """Greedy answers, with the raw text, whether they parse and whether they degenerate."""
+def generate(model, rows: list[dict], tokenizer, max_new_tokens: int, collate, think_block: str = "prompt") -> list[dict]:
+    """Greedy answers, with the raw text, whether they parse and whether they degenerate. Where the
+    answers were trained to begin with the empty think block (``think_block`` "answer"), it is cut
+    off before parsing."""
     import torch
 
     end_id = tokenizer.convert_tokens_to_ids("<|im_end|>")
@@ -51,7 +53,8 @@ def generate(model, rows: list[dict], tokenizer, max_new_tokens: int, collate) -
         ended = end_id in new
         tokens = new[: new.index(end_id)] if ended else new
         text = tokenizer.decode(tokens)
-        answers.append({"window_id": row["window_id"], "text": text, "predicted": parse_answer(text),
+        answer = generated_answer(text) if think_block == "answer" else text
+        answers.append({"window_id": row["window_id"], "text": text, "predicted": parse_answer(answer),
                         "target": [tuple(r) for r in row["keep_local"]], "degenerate": is_degenerate(tokens, ended)})
     return answers
 
@@ -66,11 +69,11 @@ def score(answers: list[dict]) -> dict:
             "degenerate_rate": degenerate / count}
 
 
-def evaluate(model, rows: list[dict], tokenizer, max_new_tokens: int, collate) -> dict:
+def evaluate(model, rows: list[dict], tokenizer, max_new_tokens: int, collate, think_block: str = "prompt") -> dict:
     """Base (adapter disabled) and fine-tuned answers on the same windows, scored alike."""
     with model.disable_adapter():
-        base = generate(model, rows, tokenizer, max_new_tokens, collate)
-    tuned = generate(model, rows, tokenizer, max_new_tokens, collate)
+        base = generate(model, rows, tokenizer, max_new_tokens, collate, think_block)
+    tuned = generate(model, rows, tokenizer, max_new_tokens, collate, think_block)
     return {"windows": len(rows), "base": score(base), "fine_tuned": score(tuned),
             "answers": [{"window_id": b["window_id"], "target": b["target"], "base": b["text"], "fine_tuned": t["text"]}
                         for b, t in zip(base, tuned)]}

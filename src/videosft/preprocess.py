@@ -34,7 +34,7 @@ import pyarrow.parquet as pq
 
 from . import config as config_lib
 from .budget import Budget, resolve_budget
-from .chat import assistant_labels, messages, prompt_timestamps, render_answer
+from .chat import TEMPLATE_KWARGS, assistant_labels, messages, prompt_timestamps, render_answer
 from .layout import VideoTokens, check_layout, layout_name, template_text
 from .provenance import exit_after, run_record, sha256_file, stage_parser, write_json
 from .rejects import Rejects
@@ -145,7 +145,8 @@ def encode_window(window: dict, video: VideoFile, processor, cfg: dict, budget: 
     decode_seconds = time.perf_counter() - started
     answer = render_answer(window["keep_local"])
     layout = layout_name(cfg["prompt"]["video_layout"], tells_time_by_grid(processor))
-    text = processor.apply_chat_template(messages(cfg["prompt"], window["query"], answer), tokenize=False)
+    text = processor.apply_chat_template(messages(cfg["prompt"], window["query"], answer), tokenize=False,
+                                         **TEMPLATE_KWARGS)
     encoded = encode(processor, clip, template_text(text, layout))
     input_ids = encoded["input_ids"][0].tolist()
     grid = tuple(int(v) for v in encoded["video_grid_thw"][0])
@@ -213,7 +214,7 @@ def build_sample(window: dict, video: VideoFile, processor, cfg: dict, budget: B
             + "); lower the video budget or raise data.max_length"
         )
     tokenizer = processor.tokenizer
-    labels = assistant_labels(input_ids, tokenizer, answer)
+    labels = assistant_labels(input_ids, tokenizer, answer, cfg["prompt"]["think_block"])
     supervised = sum(label != -100 for label in labels)
     pixels = encoded["pixel_values_videos"].half()
     return {
@@ -364,6 +365,7 @@ def run_shard(windows_path: Path, out_dir: Path, cfg: dict, shard: int, shards: 
         "model_files_sha256": model_hashes(model_path),
         "max_length": cfg["data"]["max_length"],
         "video_layout": layout_name(cfg["prompt"]["video_layout"], tells_time_by_grid(processor)),
+        "think_block": cfg["prompt"]["think_block"],
     }
     writer = ShardWriter(out_dir, metadata, int(cfg["preprocess"]["shard_mb"] * 2**20),
                          cfg["preprocess"]["pixel_compression"])
@@ -396,7 +398,7 @@ def run_shard(windows_path: Path, out_dir: Path, cfg: dict, shard: int, shards: 
     record["results"] = {
         "shard": shard, "shards": shards, "windows": len(windows), "samples": dict(writer.counts),
         "files": files, "rejects": rejects.summary(), "budget": budget.as_dict(), "geometry": geometry,
-        "video_layout": metadata["video_layout"],
+        "video_layout": metadata["video_layout"], "think_block": metadata["think_block"],
         "facts": {key: values for key, values in facts.items()},
     }
     write_json(out_dir / "summary.json", record["results"])
@@ -429,7 +431,7 @@ def gather(shard_dirs: list[Path], out_dir: Path, cfg: dict, record: dict) -> No
         "windows": windows, "samples": dict(counts), "rejects": len(rejects),
         "rejects_by_reason": rejects.summary()["by_reason"],
         "budget": budget, "geometry": summaries[0]["geometry"], "shards": len(shard_dirs),
-        "video_layout": summaries[0]["video_layout"],
+        "video_layout": summaries[0]["video_layout"], "think_block": summaries[0]["think_block"],
         **{key: summarize(values) for key, values in facts.items()},
     }
     results = record["results"]
@@ -446,7 +448,8 @@ def gather(shard_dirs: list[Path], out_dir: Path, cfg: dict, record: dict) -> No
             raise ValueError(f"no {split} samples were produced; check the window split and the rejects")
     write_json(out_dir / MANIFEST, {"schema_version": SCHEMA_VERSION, "files": dict(files), "samples": dict(counts),
                                     "budget": budget, "geometry": summaries[0]["geometry"],
-                                    "video_layout": summaries[0]["video_layout"]})
+                                    "video_layout": summaries[0]["video_layout"],
+                                    "think_block": summaries[0]["think_block"]})
 
 
 def sample_files(manifest_path: Path, split: str) -> list[Path]:

@@ -14,6 +14,7 @@ well-formed, unparseable and degenerate answers), in ``verify.json`` and as a ta
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
@@ -110,8 +111,9 @@ def verify(cfg: dict, adapter_dir: Path, samples_path: Path) -> dict:
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     val = read_samples(samples_path, "val")
     started = time.perf_counter()
+    think_block = json.loads(Path(samples_path).read_text())["think_block"]
     evaluation = evaluate(model, val[: cfg["verify"]["eval_windows"] or len(val)], tokenizer,
-                          cfg["verify"]["max_new_tokens"], collate)
+                          cfg["verify"]["max_new_tokens"], collate, think_block)
     evaluation["seconds"] = time.perf_counter() - started
     # merge_and_unload folds the adapter into the base: compared last, once nothing else needs it
     forward = forward_agreement(model, val[: cfg["verify"]["forward_samples"]], tokenizer.pad_token_id or 0,

@@ -11,6 +11,7 @@ import pytest
 from conftest import check_host_positions, run_torchrun, stage_json
 from videosft import preprocess, probe, verify, window
 from videosft.batches import collate
+from vllm_lora_keys import unloadable
 
 
 def run_stages(model_dir: Path, demo_config: dict, out: Path) -> dict:
@@ -30,8 +31,22 @@ def run_stages(model_dir: Path, demo_config: dict, out: Path) -> dict:
     assert (out / "train" / "adapter" / "adapter_model.safetensors").exists()
     assert verify.main(["--config", stage_json("verify", cfg), "--adapter", str(out / "train" / "adapter"),
                         "--samples", str(manifest), "--out", str(out / "verify")]) == 0
-    return {stage: json.loads((out / stage / "run_record.json").read_text())["results"]
-            for stage in ("probe", "train", "verify")}
+    results = {stage: json.loads((out / stage / "run_record.json").read_text())["results"]
+               for stage in ("probe", "train", "verify")}
+    check_adapter_keys_load_in_vllm(out / "train" / "adapter", results["probe"]["model_type"])
+    return results
+
+
+def check_adapter_keys_load_in_vllm(adapter: Path, family: str) -> None:
+    """Every saved key lands on a language-model layer's linear module under vLLM's mapping, and
+    the same keys without `language_model.` (as some advise for vLLM) would not: the check can fail."""
+    from safetensors import safe_open
+
+    with safe_open(adapter / "adapter_model.safetensors", framework="pt") as handle:
+        keys = list(handle.keys())
+    assert keys and unloadable(keys, family) == []
+    stripped = [key.replace("model.language_model.", "model.") for key in keys]
+    assert unloadable(stripped, family) == ([] if family == "qwen2_5_vl" else stripped)
 
 
 def test_qwen3_vl_trains_and_verifies(qwen3vl_dir, demo_config, tmp_path):
@@ -70,3 +85,29 @@ def test_a_frame_rate_a_fixed_step_cannot_follow_is_rejected():
     preprocess.check_grid_times(1.0, [0.25, 1.2, 2.3, 3.25])  # within half a step everywhere
     with pytest.raises(preprocess.SampleError, match="0.650 s off the fixed step of 1.000 s"):
         preprocess.check_grid_times(1.0, [0.25, 1.9, 2.3, 3.25])
+
+
+def test_a_checkpoint_as_published_goes_through_every_stage_with_its_own_template(published_qwen35, demo_config,
+                                                                                    tmp_path):
+    """Qwen3.5 as users download it (tests/published.py): mtp.* tensors in a shard of their own,
+    hub-style processor files, the real 248k tokenizer and a hybrid-thinking chat template, with no
+    code or config change beyond model.path."""
+    from transformers import AutoTokenizer
+
+    results = run_stages(published_qwen35, demo_config, tmp_path)
+    extras = results["probe"]["known_extras"]
+    assert results["probe"]["model_type"] == "qwen3_5" and extras["count"] == 6 and list(extras["by_prefix"]) == ["mtp"]
+    train = results["train"]
+    assert train["load"]["matched"] == train["load"]["entries"] == results["probe"]["mapped"]
+    assert train["lora_unchanged_after_two_steps"] == []
+    tensors = results["verify"]["tensors"]
+    assert tensors["summary"] == f"{tensors['matched']} of {tensors['matched']} tensors matched"
+    manifest = json.loads((tmp_path / "preprocess" / "manifest.json").read_text())
+    assert manifest["video_layout"] == "blocks" and manifest["think_block"] == "prompt"
+    tokenizer = AutoTokenizer.from_pretrained(published_qwen35)
+    assert len(tokenizer) == 248_077
+    rows = preprocess.read_samples(tmp_path / "preprocess" / "manifest.json", "train")
+    for row in rows:  # the empty think block is the prompt's: generation starts where supervision does
+        first = next(i for i, label in enumerate(row["labels"]) if label != -100)
+        assert tokenizer.decode(row["input_ids"][:first]).endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+        assert tokenizer.decode(row["input_ids"][first:]) == row["answer"] + "<|im_end|>\n"

