@@ -34,12 +34,18 @@ and ``--search`` the largest frame count each named trainer fits under a simulat
 ``--search-start`` (ours: the probe's prediction). ``--deadline-s`` skips runs that would not
 finish in time (each result is written to OUT as it comes).
 
-FLOPs per token (stated, approximate): 6 x N_text (forward, recomputed forward under gradient
-checkpointing, and the backward's input gradients; a frozen base needs no weight gradients, LoRA's
-are negligible) + 12 x L_full x S x d_attn (attention scores and values in the full-attention
-layers, forward + recompute + backward) + 2 x N_vision x patches / tokens (the vision tower's
-forward). N_text excludes the embedding matrix. The Gated-DeltaNet recurrences are not counted
-(their projections are, in N_text).
+Utilization (bench/flops.py has the definitions): MFU, the model's own FLOPs per token (forward
+and input-gradient backward of the frozen base, attention forward and backward, the vision
+tower's forward) times tokens/s over the GPU's spec dense bf16 peak (H200: 989 TFLOP/s), the
+figure people compare; HFU adds the forward that gradient checkpointing recomputes.
+
+Same math: every trainer reads the same samples in the same order (the train stage's own seeded
+epoch plan) and records its step-0 loss; the run fails if ours and plain differ by more than
+LOSS_TOLERANCE, one bf16 unit in the last place of the loss (relative 2^-8): both compute the
+same loss of the same sample from the same bf16 weights, in different kernels and orders, whose
+rounding differences stay well under one ulp of the averaged loss (measured 4.6e-4 relative on
+one H200, 12.85599 vs 12.86185); a different sample, mask or loss gives differences of whole
+units.
 """
 
 from __future__ import annotations
@@ -58,6 +64,10 @@ START = time.perf_counter()  # --deadline-s counts from here
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "bench"))
+
+from flops import H200_BF16_PEAK, shape_of, utilization  # noqa: E402
+
+LOSS_TOLERANCE = 2.0 ** -8  # relative: one bf16 ulp of the loss (see the module docstring)
 
 BASELINE = r'''
 import json, os, sys, time, datetime
@@ -106,11 +116,14 @@ model = get_peft_model(model, LoraConfig(r=8, lora_alpha=16, lora_dropout=0.05, 
 params = [p for p in model.parameters() if p.requires_grad]
 engine, *_ = deepspeed.initialize(model=model, optimizer=torch.optim.AdamW(params, lr=2e-4), config=ds,
                                   model_parameters=params, dist_init_required=False)
-rows = sorted(read_samples(manifest, "train"), key=lambda r: r["window_id"])
+from videosft.sampling import epoch_plan
+rows = read_samples(manifest, "train")  # the train stage's order: its own seeded epoch plan below
 engine.train()  # from_pretrained returns eval mode, where gradient checkpointing is off
 log = open(out / f"steps.rank{rank}.jsonl", "w")
 for step in range(steps):
-    row = rows[(step * world + rank) % len(rows)]
+    epoch, position = divmod(step, -(-len(rows) // world))
+    mine = epoch_plan(len(rows), world, 1, options["tail"], options["seed"], epoch).per_rank[rank]
+    row = rows[mine[position % len(mine)]]
     batch = {k: v.to(engine.device) for k, v in collate([row], 0).items()}
     if gpu:
         torch.cuda.reset_peak_memory_stats(); torch.cuda.synchronize()
@@ -120,7 +133,7 @@ for step in range(steps):
     if gpu:
         torch.cuda.synchronize()
     elapsed = time.perf_counter() - t
-    log.write(json.dumps({"step": step, "loss": loss.item(), "step_seconds": elapsed,
+    log.write(json.dumps({"step": step, "loss": loss.item(), "step_seconds": elapsed, "window_ids": [row["window_id"]],
                           "tokens_per_second": len(row["input_ids"]) / elapsed, "input_tokens": [len(row["input_ids"])],
                           "peak_allocated_gib": torch.cuda.max_memory_allocated() / 2**30 if gpu else 0.0,
                           "peak_reserved_gib": torch.cuda.max_memory_reserved() / 2**30 if gpu else 0.0}) + "\n")
@@ -131,23 +144,6 @@ if rank == 0:
 torch.distributed.barrier()
 torch.distributed.destroy_process_group()
 '''
-
-
-def flops_per_token(config, tokens: int, visual_tokens: int) -> float:
-    text, vision = config.get_text_config(), config.vision_config
-    import torch
-
-    from videosft.keymap import model_class
-
-    with torch.device("meta"):
-        model = model_class(config)._from_config(config)
-    n_vision = sum(p.numel() for n, p in model.named_parameters() if ".visual." in f".{n}")
-    n_text = sum(p.numel() for p in model.parameters()) - n_vision - model.get_input_embeddings().weight.numel()
-    layer_types = getattr(text, "layer_types", None) or ["full_attention"] * text.num_hidden_layers
-    full = sum(t == "full_attention" for t in layer_types)
-    head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
-    patches = visual_tokens * vision.spatial_merge_size**2
-    return 6 * n_text + 12 * full * tokens * text.num_attention_heads * head_dim + 2 * n_vision * patches / tokens
 
 
 def fused_errors(fused: dict) -> dict:
@@ -259,7 +255,8 @@ class Bench:
         if spec["kind"] == "baseline":
             script = self.args.work / "baseline_train.py"
             script.write_text(BASELINE)
-            options = {"gdn": spec["gdn"], "deepspeed_config": str(ds_file), "gpu_memory_gib": limit_gib}
+            options = {"gdn": spec["gdn"], "deepspeed_config": str(ds_file), "gpu_memory_gib": limit_gib,
+                       "seed": cfg["train"]["seed"], "tail": cfg["train"]["tail"]}
             command = [str(script), str(self.model_dir), str(manifest), str(out), str(steps), str(ROOT / "src"),
                        json.dumps(options)]
         else:
@@ -302,8 +299,10 @@ class Bench:
             load, predicted = facts["load_seconds"], {}
             kernels = {"gated_deltanet": facts["gated_deltanet"], "hopper_guard_bypassed": facts["hopper_guard_bypassed"]}
         tps = statistics.median(r["tokens_per_second"] for r in per_rank.values())
+        first = json.loads((out / "steps.rank0.jsonl").read_text().splitlines()[0])
         return {"per_rank": per_rank, "tokens_per_second": tps, "load_seconds": load, "kernels": kernels,
-                "mfu": tps * flops_per_token(self.config, tokens, visual) / (self.args.matmul_tflops * 1e12),
+                "step0": {"loss": first["loss"], "window_ids": first.get("window_ids", first.get("samples"))},
+                **utilization(tps, shape_of(self.config, tokens, visual), self.args.peak_tflops * 1e12),
                 "predicted": predicted, "deepspeed_config": str(ds_file.relative_to(ROOT) if ds_file.is_relative_to(ROOT)
                                                                 else ds_file.name),
                 "wall_seconds": wall, "limit_gib": limit_gib, "steps": steps}
@@ -356,7 +355,8 @@ def main() -> None:
     parser.add_argument("--search-first", action="store_true", help="run the searches before the throughput runs")
     parser.add_argument("--deadline-s", type=float, default=1e9, help="skip runs that would end after this")
     parser.add_argument("--no-check", action="store_true", help="skip the standalone kernel check")
-    parser.add_argument("--matmul-tflops", type=float, default=787.0, help="measured bf16 rate of one GPU")
+    parser.add_argument("--peak-tflops", type=float, default=H200_BF16_PEAK / 1e12,
+                        help="the GPU's spec dense bf16 peak, MFU's and HFU's denominator (H200: 989)")
     parser.add_argument("--work", type=Path, default=ROOT / "results" / "throughput")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
@@ -404,6 +404,24 @@ def main() -> None:
         part()
     subprocess.run(["tar", "-czf", str(args.out / "logs.tar.gz"), "-C", str(args.work), "logs"], check=False)
     print_table(results)
+    problems = same_math(results)
+    if problems:
+        sys.exit("the trainers did not compute the same math:\n  " + "\n  ".join(problems))
+
+
+def same_math(results: dict) -> list[str]:
+    """Ours and plain read the same first sample and agree on its loss within LOSS_TOLERANCE."""
+    problems = []
+    for frames, run in results["runs"].items():
+        ours, plain = run.get("ours", {}).get("step0"), run.get("plain", {}).get("step0")
+        if not (ours and plain):
+            continue
+        if ours["window_ids"] != plain["window_ids"]:
+            problems.append(f"{frames} frames: step 0 read {ours['window_ids']} (ours) and {plain['window_ids']} (plain)")
+        elif abs(ours["loss"] - plain["loss"]) > LOSS_TOLERANCE * abs(plain["loss"]):
+            problems.append(f"{frames} frames: step-0 loss {ours['loss']:.5f} (ours) vs {plain['loss']:.5f} (plain), "
+                            f"more than {LOSS_TOLERANCE:.2%} apart")
+    return problems
 
 
 def print_table(results: dict) -> None:
@@ -420,8 +438,10 @@ def print_table(results: dict) -> None:
             if "milliseconds_forward_backward" in check:
                 print(f"  forward + backward, one layer: {check['milliseconds_forward_backward']}")
     print(f"\n{results['config']} on {results['gpus']} GPUs, {results['steps']} steps (median after the first)")
-    print("frames | trainer | GDN | tokens/s/GPU | step s | MFU | alloc GiB (r0/r1) | reserved GiB (r0/r1) | load s "
-          "| vs plain | vs savvy")
+    print("MFU: model FLOPs (no recomputation) x tokens/s over the spec bf16 peak; HFU: with the recomputed forward "
+          "(bench/flops.py)")
+    print("frames | trainer | GDN | tokens/s/GPU | step s | MFU | HFU | step-0 loss | alloc GiB (r0/r1) | "
+          "reserved GiB (r0/r1) | load s | vs plain | vs savvy")
 
     def line(frames, name, facts, plain=None, savvy=None):
         if "per_rank" not in facts:
@@ -431,7 +451,8 @@ def print_table(results: dict) -> None:
         ranks = list(facts["per_rank"].values())
         tps = facts["tokens_per_second"]
         return (f"{frames} | {name} | {facts['kernels']['gated_deltanet']} | {tps:.0f} | "
-                f"{statistics.median(r['step_seconds'] for r in ranks):.2f} | {facts['mfu']:.1%} | "
+                f"{statistics.median(r['step_seconds'] for r in ranks):.2f} | {facts['mfu']:.1%} | {facts['hfu']:.1%} | "
+                f"{facts['step0']['loss']:.5f} | "
                 + "/".join(f"{r['peak_allocated_gib']:.2f}" for r in ranks) + " | "
                 + "/".join(f"{r['peak_reserved_gib']:.2f}" for r in ranks) + f" | {facts['load_seconds']:.1f} | "
                 + (f"{tps / plain:.2f}x" if plain else "-") + " | " + (f"{tps / savvy:.2f}x" if savvy else "-"))

@@ -13,6 +13,8 @@ import math
 import os
 from dataclasses import asdict, dataclass
 
+from .errors import ConfigError
+
 FRAME_FACTOR = 2  # frames per temporal patch; frame counts are even
 MAX_ASPECT_RATIO = 200
 ENV_MIN_TOKENS = "VIDEO_MIN_TOKEN_NUM"
@@ -44,17 +46,17 @@ def resolve_budget(video_cfg: dict, environ: dict | None = None) -> Budget:
         try:
             value = int(raw)
         except ValueError:
-            raise ValueError(f"environment variable {env}={raw!r} is not an integer") from None
+            raise ConfigError(f"environment variable {env}={raw!r} is not an integer") from None
         if value < 1:
-            raise ValueError(f"environment variable {env}={value} must be at least 1")
+            raise ConfigError(f"environment variable {env}={value} must be at least 1")
         return value, f"environment {env}"
 
     min_tokens, min_from = pick("min_tokens", ENV_MIN_TOKENS)
     max_tokens, max_from = pick("max_tokens", ENV_MAX_TOKENS)
     if min_tokens > max_tokens:
-        raise ValueError(f"token budget min {min_tokens} ({min_from}) exceeds max {max_tokens} ({max_from})")
+        raise ConfigError(f"token budget min {min_tokens} ({min_from}) exceeds max {max_tokens} ({max_from})")
     if video_cfg["min_frames"] > video_cfg["max_frames"]:
-        raise ValueError(f"video.min_frames {video_cfg['min_frames']} exceeds video.max_frames {video_cfg['max_frames']}")
+        raise ConfigError(f"video.min_frames {video_cfg['min_frames']} exceeds video.max_frames {video_cfg['max_frames']}")
     return Budget(
         fps=float(video_cfg["fps"]),
         min_frames=int(video_cfg["min_frames"]),

@@ -41,6 +41,34 @@ def parse_answer(text: str) -> list[tuple[float, float]] | None:
     return ranges or None
 
 
+# A lenient reading, as lmms-eval's temporal-grounding tasks read answers: ranges anywhere in the
+# text, "1.5-3.0", "1.5 to 3.0", "from 1.5s to 3.0s", "0:01.5 - 0:03", reversed bounds swapped.
+_TIME = r"(\d+:)?(\d+(?:\.\d+)?)\s*(?:s|sec|secs|second|seconds)?"
+_LENIENT_RANGE = re.compile(_TIME + r"\s*(?:-|–|—|to|and|until)\s*" + _TIME, re.IGNORECASE)
+_NOTHING_WORDS = re.compile(r"^\W*(none|nothing|never|no)\b", re.IGNORECASE)
+
+
+def _seconds(minutes: str | None, seconds: str) -> float:
+    return (int(minutes[:-1]) * 60 if minutes else 0) + float(seconds)
+
+
+def parse_answer_lenient(text: str) -> list[tuple[float, float]] | None:
+    """Ranges read from an answer as a person would: every "a-b" / "a to b" in the text (seconds,
+    with or without units, or m:ss), reversed bounds swapped, zero-length ranges dropped;
+    ``[]`` for an answer that starts with none / nothing / never / no; ``None`` when neither
+    is there. For a fair reading of a model that answers in prose; the fine-tune is held to
+    :func:`parse_answer`."""
+    ranges = []
+    for match in _LENIENT_RANGE.finditer(text):
+        start, end = _seconds(match.group(1), match.group(2)), _seconds(match.group(3), match.group(4))
+        start, end = min(start, end), max(start, end)
+        if end > start:
+            ranges.append((start, end))
+    if ranges:
+        return ranges
+    return [] if _NOTHING_WORDS.match(text.strip()) else None
+
+
 def messages(prompt_cfg: dict, query: str | None, answer: str | None = None) -> list[dict]:
     instruction = prompt_cfg["instruction"].replace("{query}", query or prompt_cfg["default_query"])
     turns = [

@@ -13,6 +13,8 @@ from pathlib import Path
 import jsonschema
 import yaml
 
+from .errors import ConfigError
+
 PROJECT_DIR = Path(__file__).resolve().parents[2]
 SCHEMA_PATH = PROJECT_DIR / "workflow" / "schemas" / "config.schema.yaml"
 
@@ -27,6 +29,8 @@ STAGE_SECTIONS = {
     "train": ["model", "lora", "train"],
     "verify": ["model", "verify"],
     "report": [],  # reads only the other stages' outputs
+    "predict": ["data", "model", "window", "video", "prompt", "predict"],
+    "export": ["model", "export"],
 }
 
 
@@ -47,7 +51,8 @@ def resolve(config: dict | None) -> dict:
         jsonschema.validate(config, schema)
     except jsonschema.ValidationError as error:
         where = "/".join(str(p) for p in error.absolute_path) or "(top level)"
-        raise ValueError(f"config key {where}: {error.message}") from None
+        raise ConfigError(f"config key {where}: {error.message}; see {SCHEMA_PATH.relative_to(PROJECT_DIR)} for "
+                          "every key, its meaning and default") from None
     return config
 
 
@@ -67,6 +72,6 @@ def load(argument: str, stage: str) -> dict:
     else:
         path = Path(argument)
         if not path.exists():
-            raise FileNotFoundError(f"config file {path} not found")
+            raise ConfigError(f"config file {path} not found; give the path of a YAML config file, or inline JSON")
         config = yaml.safe_load(path.read_text()) or {}
     return stage_config(stage, resolve(config))

@@ -3,12 +3,16 @@
 The answer parser is :func:`videosft.chat.parse_answer`, the one the preprocess stage's format
 comes from. An answer that does not parse scores zero (as lmms-eval's Charades task does); a
 degenerate one (a token or a short run of tokens repeated, or no end token within the budget,
-as the field notes saw with ``<argmax>11</argmax>``) is counted as such too.
+as the field notes saw with ``<argmax>11</argmax>``) is counted as such too. Every metric is also
+given for a lenient reading (:func:`videosft.chat.parse_answer_lenient`, prefixed ``lenient_``),
+so that a model answering in prose is not scored zero for its wording, and beside the answers
+of the models stand constant answers (:func:`constant_baselines`): what a model that ignores the
+video scores on the same windows.
 """
 
 from __future__ import annotations
 
-from .chat import IGNORE_INDEX, generated_answer, parse_answer
+from .chat import IGNORE_INDEX, generated_answer, parse_answer, parse_answer_lenient
 from .metrics import window_metrics
 
 # A token repeated this many times in a row, or an n-gram (n <= 4) repeated this many times in a
@@ -55,32 +59,77 @@ def generate(model, rows: list[dict], tokenizer, max_new_tokens: int, collate, t
         text = tokenizer.decode(tokens)
         answer = generated_answer(text) if think_block == "answer" else text
         answers.append({"window_id": row["window_id"], "text": text, "predicted": parse_answer(answer),
-                        "target": [tuple(r) for r in row["keep_local"]], "degenerate": is_degenerate(tokens, ended)})
+                        "lenient": parse_answer_lenient(answer), "target": [tuple(r) for r in row["keep_local"]],
+                        "degenerate": is_degenerate(tokens, ended)})
     return answers
 
 
 def score(answers: list[dict]) -> dict:
-    """Moment-retrieval metrics (fractions in [0, 1]) plus the rates of each kind of answer."""
+    """Moment-retrieval metrics (fractions in [0, 1]) plus the rates of each kind of answer, for the
+    strict reading and, prefixed ``lenient_``, the lenient one."""
     metrics = window_metrics({"predicted": a["predicted"], "target": a["target"]} for a in answers)
+    lenient = window_metrics({"predicted": a["lenient"], "target": a["target"]} for a in answers)
     count = len(answers)
     unparseable = sum(a["predicted"] is None for a in answers)
     degenerate = sum(a["degenerate"] for a in answers)
     return {**metrics, "well_formed_rate": (count - unparseable) / count, "unparseable_rate": unparseable / count,
-            "degenerate_rate": degenerate / count}
+            "degenerate_rate": degenerate / count,
+            **{f"lenient_{key}": value for key, value in lenient.items() if key not in COUNTS},
+            "lenient_readable_rate": sum(a["lenient"] is not None for a in answers) / count}
+
+
+COUNTS = ("moment_windows", "empty_windows", "num_samples")
+STEP = 0.1  # the answer format's resolution: constant ranges are searched on it
+
+
+def constant_baselines(rows: list[dict]) -> dict:
+    """What answering every window alike scores: "none", the whole window, and the single range
+    (on the answer format's 0.1 s grid, within the shortest window) with the best mIoU."""
+    targets = [[tuple(r) for r in row["keep_local"]] for row in rows]
+    lengths = [row["window_end"] - row["window_start"] for row in rows]
+
+    def scored(answers):
+        return window_metrics({"predicted": answer, "target": target} for answer, target in zip(answers, targets))
+
+    grid = [round(k * STEP, 1) for k in range(int(min(lengths) / STEP + 1e-9) + 1)]
+    best, best_range = None, None
+    for start in grid:
+        for end in (e for e in grid if e > start):
+            metrics = scored([[(start, end)]] * len(rows))
+            if best is None or (metrics["mIoU"] or 0) > (best["mIoU"] or 0):
+                best, best_range = metrics, [start, end]
+    return {"none": scored([[]] * len(rows)), "whole_window": scored([[(0.0, length)] for length in lengths]),
+            "best_constant_range": {"range": best_range, **best}}
 
 
 def evaluate(model, rows: list[dict], tokenizer, max_new_tokens: int, collate, think_block: str = "prompt") -> dict:
-    """Base (adapter disabled) and fine-tuned answers on the same windows, scored alike."""
+    """Base (adapter disabled) and fine-tuned answers on the same windows, scored alike, beside the
+    constant answers' scores."""
     with model.disable_adapter():
         base = generate(model, rows, tokenizer, max_new_tokens, collate, think_block)
     tuned = generate(model, rows, tokenizer, max_new_tokens, collate, think_block)
     return {"windows": len(rows), "base": score(base), "fine_tuned": score(tuned),
+            "baselines": constant_baselines(rows),
             "answers": [{"window_id": b["window_id"], "target": b["target"], "base": b["text"], "fine_tuned": t["text"]}
                         for b, t in zip(base, tuned)]}
 
 
 def table(result: dict) -> str:
-    keys = [k for k in result["base"] if k != "num_samples"]
-    lines = [f"{'metric':<18}{'base':>10}{'fine-tuned':>12}"]
-    lines += [f"{key:<18}{result['base'][key]:>10.3f}{result['fine_tuned'][key]:>12.3f}" for key in keys]
+    """Base, fine-tune and the constant answers, metric by metric ("-" where a metric has no windows)."""
+    baselines = result.get("baselines", {})
+    columns = [("base", result["base"]), ("fine-tuned", result["fine_tuned"]),
+               *((f"const {name}", metrics) for name, metrics in baselines.items())]
+    keys = [k for k in result["base"] if k not in COUNTS]
+
+    def cell(value):
+        return f"{value:>12.3f}" if isinstance(value, (int, float)) else f"{'-':>12}"
+
+    first = result["base"]
+    lines = [f"{first['moment_windows']} windows with something to keep (R1, mIoU, mAP), {first['empty_windows']} "
+             "with nothing (empty_accuracy, false_keep_rate)",
+             f"{'metric':<26}" + "".join(f"{name:>12}" for name, _ in columns)]
+    lines += [f"{key:<26}" + "".join(cell(metrics.get(key)) for _, metrics in columns) for key in keys]
+    if "best_constant_range" in baselines:
+        start, end = baselines["best_constant_range"]["range"]
+        lines.append(f"(const best_constant_range answers {start:.1f}-{end:.1f} everywhere)")
     return "\n".join(lines)

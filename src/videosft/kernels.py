@@ -32,6 +32,8 @@ import inspect
 import os
 import sys
 
+from .errors import UserError
+
 ENV = "VIDEOSFT_GATED_DELTANET"
 CHOICES = ("auto", "fla", "torch")
 # Relative error ||x - reference|| / ||reference|| allowed for the output and each input gradient:
@@ -43,7 +45,7 @@ CHECK_SHORT_TOKENS = 200  # 3 full chunks of 64 and a partial one
 NAME = "torch_chunk_gated_delta_rule"  # the name the modeling modules call
 
 
-class KernelCheckError(RuntimeError):
+class KernelCheckError(UserError, RuntimeError):
     """A kernel disagreed with the reference implementation."""
 
 

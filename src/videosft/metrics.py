@@ -57,6 +57,24 @@ def best_iou(window: Interval, targets: Iterable[Interval]) -> float:
     return max((temporal_iou(window, t) for t in targets), default=0.0)
 
 
+def r1_iou(window: Interval, targets: Sequence[Interval]) -> float:
+    """The top-1 IoU exactly as the official QVHighlights evaluation computes R1 (``compute_mr_r1``):
+    the target with the highest IoU (the first of equals) is chosen, then scored against the
+    window over their hull, max end - min start, in that float order (the official paired IoU,
+    which lmms-eval's temporal-grounding tasks also use). Where the two overlap the hull is the
+    union, but float rounding differs: [1.6, 44.8] against [0, 48] gives 0.8999999999999999 here,
+    and so officially, where the union gives 0.9; thresholds are decided on the official value."""
+    if not targets:
+        return 0.0
+    ious = [temporal_iou(window, t) for t in targets]
+    target = targets[ious.index(max(ious))]
+    start, end = float(window[0]), float(window[1])
+    t_start, t_end = float(target[0]), float(target[1])
+    intersection = max(0.0, min(end, t_end) - max(start, t_start))
+    hull = max(end, t_end) - min(start, t_start)
+    return intersection / hull if hull != 0 else 0.0
+
+
 def average_precision(ranked_windows: Sequence[Interval], targets: Sequence[Interval], threshold: float) -> float:
     """ActivityNet-style detection AP of one ranked list of windows, in [0, 1].
 
@@ -101,7 +119,7 @@ def recall_at_1(
     unrounded percentages keyed by threshold.
     """
     thresholds = list(thresholds)
-    top1_ious = [best_iou(windows[0], ground_truth[qid]) if windows else 0.0 for qid, windows in predictions.items()]
+    top1_ious = [r1_iou(windows[0], ground_truth[qid]) if windows else 0.0 for qid, windows in predictions.items()]
     if not top1_ious:
         raise ValueError("no queries to evaluate")
     return {t: 100.0 * sum(iou >= t for iou in top1_ious) / len(top1_ious) for t in thresholds}
@@ -208,39 +226,40 @@ def window_metrics(samples: Iterable[Mapping], max_predictions: int | None = 10)
     in window-local seconds. Predicted ranges count as ranked in the order given (the first is
     the top-1); only the first ``max_predictions`` are scored for mAP.
 
-    Per sample, then averaged over samples:
+    Over the windows that have something to keep (``moment_windows`` of them), averaged:
 
-    * ``R1@0.3``, ``R1@0.5``, ``R1@0.7``: 1 if the first predicted range has IoU >= t with some
-      target range.
-    * ``mIoU``: IoU of the first predicted range with its best-matching target range.
+    * ``R1@0.3``, ``R1@0.5``, ``R1@0.7``: 1 if the first predicted range reaches IoU >= t with a
+      target range, the IoU as the official evaluation computes it (:func:`r1_iou`).
+    * ``mIoU``: that IoU, averaged.
     * ``mAP``: detection AP (see ``average_precision``) averaged over IoU 0.5:0.05:0.95.
 
-    Edge cases, chosen so that every sample stays in the denominator:
+    An unparseable answer (``predicted is None``) or an empty one scores 0 there. Windows with
+    nothing to keep cannot be judged by IoU, and would reward always answering "none" if they
+    were; they are scored apart (``empty_windows`` of them):
 
-    * ``predicted is None`` (unparseable answer): 0 on every metric, whatever the target.
-    * empty target ("nothing to keep"): 1 on every metric if the prediction is also empty
-      (``[]``), else 0; IoU cannot judge this case, so it is scored as right or wrong.
-    * empty prediction with a non-empty target: 0 on every metric.
+    * ``empty_accuracy``: the fraction answered with nothing to keep (``[]``);
+    * ``false_keep_rate``: the fraction answered with ranges to keep (an editor would keep footage
+      that should go); unparseable answers are neither.
 
-    The result also carries ``num_samples``. Raises ValueError when there are no samples.
+    A metric over no windows is None. The result also carries ``num_samples``. Raises ValueError
+    when there are no samples.
     """
     names = [f"R1@{t}" for t in WINDOW_R1_THRESHOLDS] + ["mIoU", "mAP"]
     totals = dict.fromkeys(names, 0.0)
-    count = 0
+    count = moments = empty = empty_right = false_keeps = 0
     for sample in samples:
         count += 1
         predicted, target = sample["predicted"], list(sample["target"])
-        if predicted is None:
-            continue
-        predicted = list(predicted)
         if not target:
-            if not predicted:
-                for name in names:
-                    totals[name] += 1.0
+            empty += 1
+            empty_right += predicted == [] or predicted == ()
+            false_keeps += bool(predicted)
             continue
+        moments += 1
         if not predicted:
             continue
-        top1 = best_iou(predicted[0], target)
+        predicted = list(predicted)
+        top1 = r1_iou(predicted[0], target)
         for t in WINDOW_R1_THRESHOLDS:
             totals[f"R1@{t}"] += float(top1 >= t)
         totals["mIoU"] += top1
@@ -249,6 +268,38 @@ def window_metrics(samples: Iterable[Mapping], max_predictions: int | None = 10)
         totals["mAP"] += sum(aps) / len(aps)
     if count == 0:
         raise ValueError("no samples to evaluate")
-    result = {name: total / count for name, total in totals.items()}
-    result["num_samples"] = count
+    result: dict = {name: total / moments if moments else None for name, total in totals.items()}
+    result.update(moment_windows=moments, empty_windows=empty,
+                  empty_accuracy=empty_right / empty if empty else None,
+                  false_keep_rate=false_keeps / empty if empty else None, num_samples=count)
+    return result
+
+
+def _overlap(a: Sequence[Interval], b: Sequence[Interval]) -> float:
+    """Seconds covered by both of two lists of disjoint ranges."""
+    return sum(max(0.0, min(x[1], y[1]) - max(x[0], y[0])) for x in a for y in b)
+
+
+def source_time_metrics(predicted: Mapping[Any, Sequence[Interval]],
+                        targets: Mapping[Any, Sequence[Interval]]) -> dict:
+    """A cut list scored against what should be kept, in source seconds, over several videos.
+
+    Each predicted list and each target list holds disjoint ranges. Per target moment, its IoU with
+    the best-matching predicted range (the official R1 IoU, :func:`r1_iou`): ``R1@t`` is the
+    fraction of moments reaching t, ``mIoU`` their mean. And what an editor sees: ``keep_precision``,
+    the share of the kept seconds that should be kept, and ``keep_recall``, the share of the seconds
+    to keep that were kept, over all videos. Fractions in [0, 1]; None where nothing counts.
+    """
+    ious, kept, wanted, both = [], 0.0, 0.0, 0.0
+    for key, target in targets.items():
+        mine = list(predicted.get(key) or [])
+        ious += [r1_iou(moment, mine) for moment in target]
+        kept += sum(e - s for s, e in mine)
+        wanted += sum(e - s for s, e in target)
+        both += _overlap(mine, target)
+    result: dict = {f"R1@{t}": (sum(iou >= t for iou in ious) / len(ious) if ious else None)
+                    for t in WINDOW_R1_THRESHOLDS}
+    result.update(mIoU=sum(ious) / len(ious) if ious else None, keep_precision=both / kept if kept else None,
+                  keep_recall=both / wanted if wanted else None, videos=len(targets), moments=len(ious),
+                  kept_seconds=kept, target_seconds=wanted)
     return result

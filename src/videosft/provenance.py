@@ -25,6 +25,9 @@ import traceback
 from pathlib import Path
 from typing import Any, Iterator
 
+from .errors import UserError
+
+
 PACKAGE_DIR = Path(__file__).resolve().parent
 PACKAGES = (
     "torch",
@@ -90,7 +93,7 @@ def _local_imports(path: Path) -> set[str]:
     return {n for n in names if (PACKAGE_DIR / f"{n}.py").exists()}
 
 
-class StaleCodeError(RuntimeError):
+class StaleCodeError(UserError, RuntimeError):
     pass
 
 
@@ -112,7 +115,7 @@ def check_code(stage: str, expected: list[str] | None) -> None:
         )
 
 
-class EnvironmentMismatch(RuntimeError):
+class EnvironmentMismatch(UserError, RuntimeError):
     pass
 
 
@@ -152,11 +155,24 @@ def _same_file(value):
     return os.path.realpath(value) if isinstance(value, str) and os.path.isabs(value) else value
 
 
+DEBUG = "VIDEOSFT_DEBUG"
+
+
 def exit_after(main) -> None:
     """Run a stage's ``main`` as the process and exit with its code, skipping the interpreter's
     final garbage collection of the large import graph (torch, transformers): about 1.3 s of every
-    stage process (bench/RESULTS.md). Only for `python -m videosft.<stage>`, never in-process."""
-    code = main()
+    stage process (bench/RESULTS.md). Only for `python -m videosft.<stage>`, never in-process.
+
+    A :class:`~videosft.errors.UserError` ends the process with its message and exit code 1, no
+    traceback: the message says what is wrong and what to do (the run record keeps the traceback).
+    Every other exception is a bug and keeps its traceback; ``VIDEOSFT_DEBUG=1`` keeps it for all."""
+    try:
+        code = main()
+    except UserError as error:
+        if os.environ.get(DEBUG) == "1":
+            raise
+        print(f"error: {error}", file=sys.stderr)
+        code = 1
     gc.freeze()
     sys.exit(code)
 

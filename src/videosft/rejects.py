@@ -6,8 +6,10 @@ import json
 from collections import Counter
 from pathlib import Path
 
+from .errors import UserError
 
-class TooManyRejects(RuntimeError):
+
+class TooManyRejects(UserError, RuntimeError):
     pass
 
 

@@ -14,8 +14,10 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .errors import UserError
 
-class DataError(RuntimeError):
+
+class DataError(UserError, RuntimeError):
     pass
 
 

@@ -38,13 +38,14 @@ from . import config as config_lib
 from .chat import IGNORE_INDEX
 from .attention import batch_vision_attention
 from .batches import BatchesAhead, host_positions
+from .errors import ConfigError, InputError
 from .fused import select_fused_kernels
 from .kernels import select_gated_delta_rule
 from .keymap import load_checkpoint, logical_shape, model_class
 from .lora import target_module_names
 from .memory import ModelFacts, SampleFacts, plan_peak
-from .preprocess import read_samples
-from .provenance import exit_after, run_record, stage_parser
+from .preprocess import read_samples, sample_files
+from .provenance import exit_after, path_fingerprint, run_record, stage_parser, write_json
 from .sampling import Cursor, DataError, check_every_rank_has_a_batch, check_ledgers, epoch_plan
 
 ADAPTER_FILES = {"adapter_model.safetensors", "adapter_config.json", "README.md"}
@@ -88,13 +89,13 @@ def deepspeed_config(path: Path, train_cfg: dict, world: int, precision: str) ->
     ds["fp16"] = {**ds.get("fp16", {}), "enabled": precision == "fp16"}
     ds["zero_allow_untested_optimizer"] = True  # we bring torch's AdamW
     if ds.get("zero_optimization", {}).get("stage") != 3:
-        raise ValueError(f"{path}: zero_optimization.stage must be 3")
+        raise ConfigError(f"{path}: zero_optimization.stage must be 3")
     if ds["zero_optimization"].get("offload_param", {}).get("device") == "nvme":
-        raise ValueError(f"{path}: offload_param to nvme is not supported (the loader writes each rank's partition "
+        raise ConfigError(f"{path}: offload_param to nvme is not supported (the loader writes each rank's partition "
                          "in place, in device or host memory); use \"device\": \"cpu\"")
     leftover = [key for key, value in ds.items() if value == "auto"]
     if leftover:
-        raise ValueError(f"{path}: no value for 'auto' keys {leftover}")
+        raise ConfigError(f"{path}: no value for 'auto' keys {leftover}")
     return ds
 
 
@@ -123,7 +124,7 @@ def add_lora(model, lora_cfg: dict, seed: int):
         parameter.requires_grad_(False)
     targets = target_module_names(model, lora_cfg["target_modules"])
     if not targets:
-        raise ValueError(f"lora.target_modules {lora_cfg['target_modules']} match no module of the language model")
+        raise ConfigError(f"lora.target_modules {lora_cfg['target_modules']} match no module of the language model")
     torch.manual_seed(seed)  # every rank initialises the same LoRA weights before ZeRO partitions them
     peft_config = LoraConfig(r=lora_cfg["r"], lora_alpha=lora_cfg["alpha"], lora_dropout=lora_cfg["dropout"],
                              target_modules=targets, bias="none")
@@ -161,7 +162,7 @@ def gather_whole_blocks(model) -> list[str]:
     classes = sorted({type(module) for module in model.modules() if type(module).__name__ in wanted},
                      key=lambda cls: cls.__name__)
     if not classes:
-        raise ValueError(f"train.gather_whole_blocks: {type(model).__name__} names no blocks to gather whole "
+        raise ConfigError(f"train.gather_whole_blocks: {type(model).__name__} names no blocks to gather whole "
                          f"(_no_split_modules {sorted(wanted)}); set it to false for this model")
     set_z3_leaf_modules(model, classes)
     return [cls.__name__ for cls in classes]
@@ -204,6 +205,13 @@ def supervised_loss(model, batch: dict):
     return torch.nn.functional.cross_entropy(
         logits.float().reshape(-1, logits.shape[-1]), chosen.reshape(-1), ignore_index=IGNORE_INDEX
     )
+
+
+def reset_peak_memory(device) -> None:
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
 
 
 def peak_memory(device) -> dict:
@@ -274,8 +282,61 @@ def lr_lambda(train_cfg: dict):
 # ---------------------------------------------------------------- the run
 
 
+@dataclasses.dataclass
+class Run:
+    """What the phases of one training run share: its config, place in the world and samples."""
+    cfg: dict
+    out: Path
+    rank: int
+    world: int
+    device: object
+    precision: str
+    probe: dict
+    rows: list[dict]
+    ds_config: dict
+
+    @property
+    def train_cfg(self) -> dict:
+        return self.cfg["train"]
+
+    def plan_for(self, epoch: int):
+        """The seeded order every rank reads its samples in, for one epoch."""
+        train_cfg = self.train_cfg
+        return epoch_plan(len(self.rows), self.world, train_cfg["micro_batch_size"], train_cfg["tail"],
+                          train_cfg["seed"], epoch, train_cfg["smoke"])
+
+
+@dataclasses.dataclass
+class Built:
+    """The DeepSpeed engine around the loaded, LoRA-wrapped model, and how it was built."""
+    engine: object
+    scheduler: object
+    load: dict
+    kernels: dict
+    lora_targets: list
+    leaf_blocks: list
+
+
+@dataclasses.dataclass
+class Progress:
+    """What the steps leave for the results: peaks per step and the LoRA tensors that never moved."""
+    peaks: list = dataclasses.field(default_factory=list)
+    unchanged: list | None = None
+
+
 def train(cfg: dict, samples_path: Path, probe_path: Path, out: Path, record: dict, resume: bool) -> None:
-    import deepspeed
+    """One training run, phase by phase: check and set up, build the engine, start or resume, the
+    steps, then the adapter and the run's results."""
+    run = prepare(cfg, samples_path, probe_path, out)
+    built = build_engine(run)
+    identity = run_identity(cfg, samples_path, run.world)
+    cursor, first_step = start_or_resume(run, built.engine, resume, identity)
+    progress = run_steps(run, built, cursor, first_step, identity)
+    record["results"] = finish(run, built, progress, first_step if resume else None)
+
+
+def prepare(cfg: dict, samples_path: Path, probe_path: Path, out: Path) -> Run:
+    """The device and its memory cap, every config check that needs no model, the samples."""
     import torch
     import torch.distributed as torch_dist
 
@@ -287,80 +348,95 @@ def train(cfg: dict, samples_path: Path, probe_path: Path, out: Path, record: di
     if limit_gib and device.type == "cuda":  # behave like a smaller card (e.g. 12 GiB) on a larger one
         total = torch.cuda.get_device_properties(device).total_memory
         torch.cuda.set_per_process_memory_fraction(min(1.0, limit_gib * 2**30 / total), device)
-    precision = choose_precision(train_cfg["precision"])
-    model_dir = Path(cfg["model"]["path"])
     probe = json.loads(probe_path.read_text())
     if not probe.get("ok"):
-        raise ValueError(f"{probe_path} reports a checkpoint that does not fit; rerun the probe and fix it first")
-
+        raise InputError(f"{probe_path} reports a checkpoint that does not fit; rerun the probe and fix it first")
     if train_cfg["profile_step"] is not None and train_cfg["profile_step"] >= train_cfg["steps"]:
-        raise ValueError(f"train.profile_step={train_cfg['profile_step']} is not one of the "
-                         f"{train_cfg['steps']} steps (train.steps): nothing would be profiled")
+        raise ConfigError(f"train.profile_step={train_cfg['profile_step']} is not one of the "
+                          f"{train_cfg['steps']} steps (train.steps): nothing would be profiled")
     if train_cfg["gather_whole_blocks"] and not train_cfg["gradient_checkpointing"]:
         # DeepSpeed releases a leaf block's weights when its forward ends and, without a
         # recomputation to gather them again, its backward finds them partitioned
-        raise ValueError("train.gather_whole_blocks needs train.gradient_checkpointing: true; "
-                         "set gather_whole_blocks: false to train without checkpointing")
+        raise ConfigError("train.gather_whole_blocks needs train.gradient_checkpointing: true; "
+                          "set gather_whole_blocks: false to train without checkpointing")
+    if train_cfg["offload_activations"] and not train_cfg["gradient_checkpointing"]:
+        raise ConfigError("train.offload_activations moves the inputs that gradient checkpointing keeps; "
+                          "it needs train.gradient_checkpointing: true")
     rows = load_samples(samples_path)
-    micro, smoke = train_cfg["micro_batch_size"], train_cfg["smoke"]
-    check_every_rank_has_a_batch(len(rows), world, micro, train_cfg["tail"], smoke)
-
-    def plan_for(epoch: int):
-        return epoch_plan(len(rows), world, micro, train_cfg["tail"], train_cfg["seed"], epoch, smoke)
-
+    check_every_rank_has_a_batch(len(rows), world, train_cfg["micro_batch_size"], train_cfg["tail"],
+                                 train_cfg["smoke"])
+    precision = choose_precision(train_cfg["precision"])
     ds_config = deepspeed_config(Path(train_cfg["deepspeed_config"]), train_cfg, world, precision)
+    return Run(cfg, out, rank, world, device, precision, probe, rows, ds_config)
+
+
+def build_engine(run: Run) -> Built:
+    """The model partitioned as it is built, the checkpoint loaded and checked, the kernels bound
+    (fla's only after they match the torch reference at this model's shapes), checkpointing,
+    whole-block gathering, LoRA, and DeepSpeed around it all."""
+    import deepspeed
+    import torch
+
+    train_cfg, model_dir = run.train_cfg, Path(run.cfg["model"]["path"])
     started = time.perf_counter()
-    model, _hf_ds_config = build_partitioned_model(model_dir, ds_config)
-    load = load_checkpoint(model, model_dir, probe["key_map"])
+    model, _hf_ds_config = build_partitioned_model(model_dir, run.ds_config)
+    load = load_checkpoint(model, model_dir, run.probe["key_map"])
     load["build_and_load_seconds"] = time.perf_counter() - started
-    # fla's kernels only after they match the torch reference at this model's shapes (raises if not)
-    longest = max(r["input_tokens"] for r in rows)
-    kernels = {"gated_deltanet": select_gated_delta_rule(model, device, longest),
-               "fused": select_fused_kernels(model, device, longest, train_cfg["fused_kernels"]),
+    longest = max(r["input_tokens"] for r in run.rows)
+    kernels = {"gated_deltanet": select_gated_delta_rule(model, run.device, longest),
+               "fused": select_fused_kernels(model, run.device, longest, train_cfg["fused_kernels"]),
                "vision_attention_batched": batch_vision_attention(model)}
-    if rank == 0:
+    if run.rank == 0:
         fused = {kind: impl for kind, impl in kernels["fused"]["implementation"].items() if impl}
         print(f"Gated-DeltaNet: {kernels['gated_deltanet']['implementation']}; fused kernels: {fused}", flush=True)
     if train_cfg["gradient_checkpointing"]:
-        enable_checkpointing(model, offload=train_cfg["offload_activations"], pin_memory=device.type == "cuda")
-    elif train_cfg["offload_activations"]:
-        raise ValueError("train.offload_activations moves the inputs that gradient checkpointing keeps; "
-                         "it needs train.gradient_checkpointing: true")
+        enable_checkpointing(model, offload=train_cfg["offload_activations"], pin_memory=run.device.type == "cuda")
     leaf_blocks = gather_whole_blocks(model) if train_cfg["gather_whole_blocks"] else []
-    model, targets = add_lora(model, cfg["lora"], train_cfg["seed"])
+    model, targets = add_lora(model, run.cfg["lora"], train_cfg["seed"])
     trainable = [p for _, p in lora_parameters(model)]
     optimizer = torch.optim.AdamW(trainable, lr=train_cfg["lr"], weight_decay=train_cfg["weight_decay"])
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(train_cfg))
     engine, optimizer, _, scheduler = deepspeed.initialize(
-        model=model, optimizer=optimizer, lr_scheduler=scheduler, config=ds_config,
+        model=model, optimizer=optimizer, lr_scheduler=scheduler, config=run.ds_config,
         model_parameters=trainable, dist_init_required=False)
+    return Built(engine, scheduler, load, kernels, targets, leaf_blocks)
+
+
+def start_or_resume(run: Run, engine, resume: bool, identity: dict) -> tuple[Cursor, int]:
+    """The data position and first step: a fresh start clears an earlier run's logs and
+    checkpoints; a resumption continues from the last checkpoint, its logs trimmed to it."""
+    import torch.distributed as torch_dist
 
     cursor, first_step = Cursor(), 0
-    checkpoints = out / "checkpoints"
+    checkpoints = run.out / "checkpoints"
     if resume:
-        cursor, first_step = resume_from(engine, checkpoints, rank, cfg)
-    elif rank == 0:  # a fresh run: logs, ledgers and checkpoints of an earlier run would mislead
-        for stale in out.glob("*.rank*.jsonl"):
+        cursor, first_step = resume_from(engine, checkpoints, run.rank, identity)
+    elif run.rank == 0:  # a fresh run: logs, ledgers and checkpoints of an earlier run would mislead
+        for stale in run.out.glob("*.rank*.jsonl"):
             stale.unlink()
         shutil.rmtree(checkpoints, ignore_errors=True)
     torch_dist.barrier()
-    trim_logs(out, rank, first_step)
+    trim_logs(run.out, run.rank, first_step)
+    return cursor, first_step
+
+
+def run_steps(run: Run, built: Built, cursor: Cursor, first_step: int, identity: dict) -> Progress:
+    """The training steps: batches prepared a step ahead, every sample read written to the ledger,
+    every step to the step log, LoRA's movement checked after the second, checkpoints saved."""
+    train_cfg, engine, rank, rows, device = run.train_cfg, built.engine, run.rank, run.rows, run.device
+    micro = train_cfg["micro_batch_size"]
     initial_lora = gathered_lora_state(engine.module)
     if first_step == 0:
         nonzero_b = [name for name, value in initial_lora.items() if "lora_B" in name and value.any()]
         if nonzero_b:
             raise RuntimeError(f"LoRA B matrices start non-zero: {nonzero_b[:3]}; the update check assumes B = 0")
-
-    pad_id = _pad_id(model_dir)
-    steps_log = open(out / f"steps.rank{rank}.jsonl", "a")
-    ledger = open(out / f"ledger.rank{rank}.jsonl", "a")
-    unchanged: list[str] | None = None
-    peaks = []
+    progress = Progress()
+    steps_log = open(run.out / f"steps.rank{rank}.jsonl", "a")
+    ledger = open(run.out / f"ledger.rank{rank}.jsonl", "a")
     engine.train()
-    batches = BatchesAhead(pad_id, device, host_positions(engine.module))
+    batches = BatchesAhead(_pad_id(Path(run.cfg["model"]["path"])), device, host_positions(engine.module))
     for step in range(first_step, train_cfg["steps"]):
-        if device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(device)
+        reset_peak_memory(device)
         profiled = train_cfg["profile_step"]
         profiler = start_profiler(device) if step == profiled else None
         python_profile = cProfile.Profile() if profiled is not None and step == profiled + 1 else None
@@ -369,13 +445,13 @@ def train(cfg: dict, samples_path: Path, probe_path: Path, out: Path, record: di
         step_started = time.perf_counter()
         consumed, step_loss, tokens = [], 0.0, 0
         for micro_step in range(train_cfg["grad_accum"]):
-            epoch, indices = cursor.next_batch(plan_for, rank, micro)
+            epoch, indices = cursor.next_batch(run.plan_for, rank, micro)
             batch_rows = [rows[i] for i in indices]
             require_video(batch_rows, rank)
             batch = batches.take(batch_rows)
             last_batch = step + 1 == train_cfg["steps"] and micro_step + 1 == train_cfg["grad_accum"]
             if not last_batch:  # the schedule is fixed: peek at the next batch on a copy of the cursor
-                _, upcoming = dataclasses.replace(cursor).next_batch(plan_for, rank, micro)
+                _, upcoming = dataclasses.replace(cursor).next_batch(run.plan_for, rank, micro)
                 batches.announce([rows[i] for i in upcoming])
             loss = supervised_loss(engine, batch)
             engine.backward(loss)
@@ -389,13 +465,13 @@ def train(cfg: dict, samples_path: Path, probe_path: Path, out: Path, record: di
         ledger.flush()
         elapsed = time.perf_counter() - step_started
         if profiler:
-            write_profile(profiler, device, out / f"profile.rank{rank}.txt", step, elapsed)
+            write_profile(profiler, device, run.out / f"profile.rank{rank}.txt", step, elapsed)
         if python_profile:
-            write_python_profile(python_profile, out / f"profile.rank{rank}.python.txt", step)
+            write_python_profile(python_profile, run.out / f"profile.rank{rank}.python.txt", step)
         memory = peak_memory(device)
-        peaks.append(memory)
+        progress.peaks.append(memory)
         entry = {
-            "step": step, "rank": rank, "loss": step_loss, "lr": scheduler.get_last_lr()[0],
+            "step": step, "rank": rank, "loss": step_loss, "lr": built.scheduler.get_last_lr()[0],
             "grad_norm": _float(engine.get_global_grad_norm()),
             "samples": [r["window_id"] for r in consumed],
             "frames": [len(r["frame_indices"]) for r in consumed],
@@ -412,34 +488,44 @@ def train(cfg: dict, samples_path: Path, probe_path: Path, out: Path, record: di
         if step == first_step + 1:
             # lora_B starts at zero, so lora_A gets no gradient on the first step by construction:
             # only after the second step must every LoRA tensor have moved.
-            unchanged = lora_unchanged(engine.module, initial_lora)
-            if unchanged and train_cfg["check_lora_updates"]:
-                raise RuntimeError(f"{len(unchanged)} of {len(initial_lora)} LoRA tensors did not change in two "
-                                   f"steps: {unchanged[:5]}; set train.check_lora_updates: false to go on anyway")
+            progress.unchanged = lora_unchanged(engine.module, initial_lora)
+            if progress.unchanged and train_cfg["check_lora_updates"]:
+                raise RuntimeError(f"{len(progress.unchanged)} of {len(initial_lora)} LoRA tensors did not change in "
+                                   f"two steps: {progress.unchanged[:5]}; set train.check_lora_updates: false to go on "
+                                   "anyway")
         if train_cfg["save_every"] and (step + 1) % train_cfg["save_every"] == 0 and step + 1 < train_cfg["steps"]:
-            save_training_state(engine, checkpoints, step, cursor, rank, cfg)
+            save_training_state(engine, run.out / "checkpoints", step, cursor, rank, identity)
     batches.close()
     steps_log.close()
     ledger.close()
+    return progress
 
-    final_lora = gathered_lora_state(engine.module)
-    adapter_dir = out / "adapter"
-    if rank == 0:
-        save_adapter(engine.module, final_lora, adapter_dir)
-    all_peaks = [None] * world
-    torch_dist.all_gather_object(all_peaks, peaks)
+
+def finish(run: Run, built: Built, progress: Progress, resumed_from_step: int | None) -> dict:
+    """The adapter (rank 0, gathered from every rank), and the run's results: what was loaded and
+    bound, the losses, the ledgers' proof that each epoch read every sample, memory against the plan."""
+    import torch.distributed as torch_dist
+
+    final_lora = gathered_lora_state(built.engine.module)
+    if run.rank == 0:
+        save_adapter(built.engine.module, final_lora, run.out / "adapter")
+    all_peaks = [None] * run.world
+    torch_dist.all_gather_object(all_peaks, progress.peaks)
     torch_dist.barrier()
-    record["results"] = {
-        "world_size": world, "device": str(device), "precision": precision, "load": load, "kernels": kernels,
-        "lora_targets": targets, "trainable_parameters": sum(v.numel() for v in final_lora.values()),
-        "lora_tensors": len(final_lora), "lora_unchanged_after_two_steps": unchanged,
-        "steps": train_cfg["steps"], "resumed_from_step": first_step if resume else None,
-        "losses_rank0": [json.loads(line)["loss"] for line in (out / "steps.rank0.jsonl").read_text().splitlines()],
-        "samples": len(rows),
-        "ledger": check_ledgers(out, world, len(rows), plan_for, [r["window_id"] for r in rows], smoke),
-        "zero_stage": ds_config["zero_optimization"]["stage"], "zero3_leaf_blocks": leaf_blocks,
-        "memory": memory_comparison(probe, rows, world, ds_config, precision, train_cfg, all_peaks,
-                                    kernel_set(kernels)),
+    train_cfg = run.train_cfg
+    return {
+        "world_size": run.world, "device": str(run.device), "precision": run.precision, "load": built.load,
+        "kernels": built.kernels, "lora_targets": built.lora_targets,
+        "trainable_parameters": sum(v.numel() for v in final_lora.values()), "lora_tensors": len(final_lora),
+        "lora_unchanged_after_two_steps": progress.unchanged, "steps": train_cfg["steps"],
+        "resumed_from_step": resumed_from_step,
+        "losses_rank0": [json.loads(line)["loss"] for line in (run.out / "steps.rank0.jsonl").read_text().splitlines()],
+        "samples": len(run.rows),
+        "ledger": check_ledgers(run.out, run.world, len(run.rows), run.plan_for, [r["window_id"] for r in run.rows],
+                                train_cfg["smoke"]),
+        "zero_stage": run.ds_config["zero_optimization"]["stage"], "zero3_leaf_blocks": built.leaf_blocks,
+        "memory": memory_comparison(run.probe, run.rows, run.world, run.ds_config, run.precision, train_cfg,
+                                    all_peaks, kernel_set(built.kernels)),
     }
 
 
@@ -483,57 +569,82 @@ def memory_comparison(probe: dict, rows: list[dict], world: int, ds_config: dict
     return {"predicted": predicted, "measured": measured}
 
 
-def save_training_state(engine, checkpoints: Path, step: int, cursor: Cursor, rank: int, cfg: dict) -> None:
-    """LoRA weights, optimizer, scheduler (DeepSpeed's checkpoint) plus data position and RNG states."""
-    import torch
+def save_training_state(engine, checkpoints: Path, step: int, cursor: Cursor, rank: int, identity: dict) -> None:
+    """LoRA weights, optimizer, scheduler (DeepSpeed's checkpoint), then each rank's data position and
+    RNG states, and only then ``latest``: a kill at any moment leaves the previous checkpoint the one
+    to resume from, whole. Every file is written atomically."""
+    import torch.distributed as torch_dist
 
     tag = f"step-{step + 1}"
-    engine.save_checkpoint(str(checkpoints), tag=tag, client_state={
-        "next_step": step + 1, "config_sha256": resumable_config_hash(cfg)})
-    torch.save({"cursor": dataclasses.asdict(cursor), "rng": rng_state()}, checkpoints / tag / f"position.rank{rank}.pt")
+    engine.save_checkpoint(str(checkpoints), tag=tag, client_state={"next_step": step + 1}, save_latest=False)
+    write_json(checkpoints / tag / f"position.rank{rank}.json", {"cursor": dataclasses.asdict(cursor),
+                                                                 "rng": rng_state()})
+    torch_dist.barrier()
+    if rank == 0:
+        write_json(checkpoints / tag / "identity.json", identity)
+        tmp = checkpoints / ".latest.tmp"
+        tmp.write_text(tag)
+        os.replace(tmp, checkpoints / "latest")
+    torch_dist.barrier()
 
 
-def resume_from(engine, checkpoints: Path, rank: int, cfg: dict) -> tuple[Cursor, int]:
-    import torch
-
+def resume_from(engine, checkpoints: Path, rank: int, identity: dict) -> tuple[Cursor, int]:
     latest = checkpoints / "latest"
     if not latest.exists():
-        raise FileNotFoundError(f"--resume: no checkpoint in {checkpoints} (train.save_every saves them)")
+        raise InputError(f"--resume: no checkpoint in {checkpoints} (train.save_every saves them)")
     tag = latest.read_text().strip()
+    saved = json.loads((checkpoints / tag / "identity.json").read_text())
+    changed = [IDENTITY[key] for key in identity if saved.get(key) != identity[key]]
+    if changed:
+        raise InputError(f"checkpoint {tag} in {checkpoints} was made with another {' and another '.join(changed)}; "
+                         "resume with what it was made with, or start afresh (without --resume)")
     _, client = engine.load_checkpoint(str(checkpoints), tag=tag, load_optimizer_states=True,
                                        load_lr_scheduler_states=True)
-    if client["config_sha256"] != resumable_config_hash(cfg):
-        raise ValueError(f"checkpoint {tag} was made with another configuration; start afresh instead of resuming")
-    position = torch.load(checkpoints / tag / f"position.rank{rank}.pt", weights_only=False)
+    position = json.loads((checkpoints / tag / f"position.rank{rank}.json").read_text())
     set_rng_state(position["rng"])
     print(f"rank {rank}: resuming at step {client['next_step']} from {checkpoints / tag}", flush=True)
     return Cursor(**position["cursor"]), client["next_step"]
 
 
-def resumable_config_hash(cfg: dict) -> str:
-    """What must not change between a run and its resumption (everything but the resume switch)."""
+IDENTITY = {"config_sha256": "configuration (model, lora, train sections)",
+            "samples": "sample store (the manifest and its train files)", "world_size": "world size"}
+
+
+def run_identity(cfg: dict, samples_path: Path, world: int) -> dict:
+    """What must not change between a run and its resumption: the config (all but the resume
+    switch), the samples (manifest and train files, by size and modification time) and the world
+    size, whose change would replay another data order from the saved position."""
     from .provenance import config_hash
 
-    return config_hash({**cfg, "train": {k: v for k, v in cfg["train"].items() if k != "resume"}})
+    samples = [Path(samples_path), *sample_files(samples_path, "train")]
+    return {"config_sha256": config_hash({**cfg, "train": {k: v for k, v in cfg["train"].items() if k != "resume"}}),
+            "samples": [path_fingerprint(path) for path in samples], "world_size": world}
 
 
 def rng_state() -> dict:
+    """Every RNG's state as JSON: resumption never unpickles anything."""
     import torch
 
-    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    version, internal, gauss = random.getstate()
+    name, keys, position, has_gauss, cached = np.random.get_state()
+    state = {"python": [version, list(internal), gauss],
+             "numpy": [name, keys.tolist(), position, has_gauss, cached],
+             "torch": torch.get_rng_state().tolist()}
     if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state()
+        state["cuda"] = torch.cuda.get_rng_state().tolist()
     return state
 
 
 def set_rng_state(state: dict) -> None:
     import torch
 
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
-    torch.set_rng_state(state["torch"])
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    name, keys, position, has_gauss, cached = state["numpy"]
+    np.random.set_state((name, np.asarray(keys, dtype=np.uint32), position, has_gauss, cached))
+    torch.set_rng_state(torch.tensor(state["torch"], dtype=torch.uint8))
     if "cuda" in state:
-        torch.cuda.set_rng_state(state["cuda"])
+        torch.cuda.set_rng_state(torch.tensor(state["cuda"], dtype=torch.uint8))
 
 
 def trim_logs(out: Path, rank: int, first_step: int) -> None:

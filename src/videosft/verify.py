@@ -20,6 +20,7 @@ from pathlib import Path
 
 
 from . import config as config_lib
+from .errors import UserError
 from .evaluate import evaluate
 from .evaluate import table as evaluation_table
 from .keymap import model_class
@@ -31,7 +32,7 @@ from .train import ADAPTER_FILES, WORKFLOW_MARKERS
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 
 
-class VerificationError(RuntimeError):
+class VerificationError(UserError, RuntimeError):
     pass
 
 

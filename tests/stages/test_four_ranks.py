@@ -13,8 +13,8 @@ def test_four_ranks_each_read_their_own_window_and_the_adapter_reloads(prepared,
     cfg = {**demo_config, "train": {**demo_config["train"], "steps": 2}}
     manifest = prepared / "preprocess" / "manifest.json"
     out = tmp_path / "train"
-    result = run_torchrun(["-m", "videosft.train", "--config", stage_json("train", cfg), "--samples", str(manifest),
-                           "--probe", str(prepared / "probe" / "probe.json"), "--out", str(out)], nproc=4, timeout=600)
+    run_torchrun(["-m", "videosft.train", "--config", stage_json("train", cfg), "--samples", str(manifest),
+                  "--probe", str(prepared / "probe" / "probe.json"), "--out", str(out)], nproc=4, timeout=600)
     # A rank may rarely abort at interpreter exit after all work is done: judge by artifacts.
     assert (out / "run_record.json").exists()
     results = json.loads((out / "run_record.json").read_text())["results"]

@@ -57,9 +57,9 @@ def test_offload_profile_trains_the_same_adapter_on_two_ranks(prepared, demo_con
                                                    "offload_activations": True}}.items():
         cfg = {**demo_config, "train": {**demo_config["train"], "steps": 2, **train}}
         out = tmp_path / name
-        result = run_torchrun(["-m", "videosft.train", "--config", stage_json("train", cfg), "--samples",
-                               str(prepared / "preprocess" / "manifest.json"), "--probe",
-                               str(prepared / "probe" / "probe.json"), "--out", str(out)])
+        run_torchrun(["-m", "videosft.train", "--config", stage_json("train", cfg), "--samples",
+                      str(prepared / "preprocess" / "manifest.json"), "--probe",
+                      str(prepared / "probe" / "probe.json"), "--out", str(out)])
         assert (out / "adapter" / "adapter_model.safetensors").exists()
         adapters[name] = load_file(out / "adapter" / "adapter_model.safetensors")
         plans[name] = json.loads((out / "run_record.json").read_text())["results"]["memory"]["predicted"]

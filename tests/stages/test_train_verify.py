@@ -204,8 +204,8 @@ def test_load_verification_checks_each_rank_partition_and_every_rank_hears_of_a_
                                                                                          tmp_path):
     script = tmp_path / "verify_partitions.py"
     script.write_text(VERIFY_PARTITIONS)
-    result = run_torchrun([str(script), str(demo_dir / "model"), str(prepared / "probe" / "probe.json"),
-                           str(tmp_path)], timeout=300)
+    run_torchrun([str(script), str(demo_dir / "model"), str(prepared / "probe" / "probe.json"),
+                  str(tmp_path)], timeout=300)
     reports = [tmp_path / f"rank{rank}.json" for rank in (0, 1)]
     assert all(r.exists() for r in reports)
     for report in map(lambda r: json.loads(r.read_text()), reports):

@@ -30,9 +30,9 @@ def test_whole_block_gathering_trains_the_same_adapter_on_two_ranks(prepared, de
         cfg = {**demo_config, "train": {**demo_config["train"], "steps": 2, "gather_whole_blocks": whole,
                                         "deepspeed_config": str(tmp_path / "zero3.json")}}
         out = tmp_path / f"whole-{whole}"
-        result = run_torchrun(["-m", "videosft.train", "--config", stage_json("train", cfg), "--samples",
-                               str(prepared / "preprocess" / "manifest.json"), "--probe",
-                               str(prepared / "probe" / "probe.json"), "--out", str(out)])
+        run_torchrun(["-m", "videosft.train", "--config", stage_json("train", cfg), "--samples",
+                      str(prepared / "preprocess" / "manifest.json"), "--probe",
+                      str(prepared / "probe" / "probe.json"), "--out", str(out)])
         assert (out / "adapter" / "adapter_model.safetensors").exists()
         adapters[whole] = load_file(out / "adapter" / "adapter_model.safetensors")
         records[whole] = json.loads((out / "run_record.json").read_text())["results"]

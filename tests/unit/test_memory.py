@@ -16,6 +16,30 @@ ZERO = {"stage3_prefetch_bucket_size": 50_000_000, "stage3_max_live_parameters":
         "reduce_bucket_size": 500_000_000, "stage3_param_persistence_threshold": 1_000_000}
 
 
+@pytest.fixture(autouse=True)
+def planned_for_torch_kernels(monkeypatch):
+    """The arithmetic below is checked with the torch kernels' coefficients, whether or not
+    flash-linear-attention is installed where the tests run."""
+    monkeypatch.setenv("VIDEOSFT_GATED_DELTANET", "torch")
+
+
+def test_the_plan_takes_the_kernels_this_environment_will_bind(monkeypatch):
+    import importlib.util
+
+    from videosft.memory import planned_kernels
+
+    assert planned_kernels() == "torch"  # asked for by the environment variable
+    monkeypatch.delenv("VIDEOSFT_GATED_DELTANET")
+    real = importlib.util.find_spec
+    for installed, expected in ((True, "fla"), (False, "torch")):
+        monkeypatch.setattr(importlib.util, "find_spec",
+                            lambda name, *a, installed=installed: (real("json") if installed else None)
+                            if name == "fla" else real(name, *a))
+        assert planned_kernels() == expected
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: real("json") if name == "fla" else real(name, *a))
+    assert planned_kernels("torch") == "fla-unfused"  # train.fused_kernels: torch
+
+
 def test_components_follow_the_lecture_and_zero3():
     plan = plan_peak(MODEL, SAMPLE, trainable=10_000_000, world=2, ds_zero=ZERO)
     parts = {k: v * GIB for k, v in plan["components_gib"].items()}

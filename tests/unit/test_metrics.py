@@ -245,21 +245,44 @@ def test_window_metrics_miou_uses_best_matching_target():
 def test_window_metrics_unparseable_scores_zero():
     samples = [
         {"predicted": None, "target": [(0, 10)]},
-        {"predicted": None, "target": []},  # even when there was nothing to find
+        {"predicted": None, "target": []},  # nor right on a window with nothing to find
         {"predicted": [(0, 10)], "target": [(0, 10)]},
     ]
     result = window_metrics(samples)
-    assert result["num_samples"] == 3
+    assert (result["num_samples"], result["moment_windows"], result["empty_windows"]) == (3, 2, 1)
     for name in ("R1@0.3", "R1@0.5", "R1@0.7", "mIoU", "mAP"):
-        assert result[name] == pytest.approx(1 / 3), name
+        assert result[name] == pytest.approx(1 / 2), name
+    assert result["empty_accuracy"] == 0.0 and result["false_keep_rate"] == 0.0
 
 
-def test_window_metrics_empty_target():
+def test_windows_with_nothing_to_keep_are_scored_apart():
     correct = window_metrics([{"predicted": [], "target": []}])
     wrong = window_metrics([{"predicted": [(0, 5)], "target": []}])
-    for name in ("R1@0.3", "R1@0.5", "R1@0.7", "mIoU", "mAP"):
-        assert correct[name] == 1.0
-        assert wrong[name] == 0.0
+    assert (correct["empty_accuracy"], correct["false_keep_rate"]) == (1.0, 0.0)
+    assert (wrong["empty_accuracy"], wrong["false_keep_rate"]) == (0.0, 1.0)
+    assert all(correct[name] is None and wrong[name] is None for name in ("R1@0.5", "mIoU", "mAP"))
+
+
+def test_always_answering_none_scores_nothing_on_moments():
+    """Half the windows empty: "none" everywhere used to score R1@0.7 = mIoU = 0.5."""
+    samples = [{"predicted": [], "target": [(0, 4)]}, {"predicted": [], "target": []}] * 5
+    result = window_metrics(samples)
+    assert result["R1@0.7"] == result["mIoU"] == result["mAP"] == 0.0
+    assert result["empty_accuracy"] == 1.0 and (result["moment_windows"], result["empty_windows"]) == (5, 5)
+
+
+def test_r1_takes_the_official_iou_to_the_last_bit():
+    """The official R1 divides by the hull, in float64, in its order: with one-decimal answers the
+    rounding decides thresholds ([1.6, 44.8] vs [0, 48] is 0.8999999999999999 there, 0.9 by union)."""
+    from videosft.metrics import r1_iou
+
+    assert r1_iou((1.6, 44.8), [(0.0, 48.0)]) == 0.8999999999999999
+    assert temporal_iou((1.6, 44.8), (0.0, 48.0)) == 0.9
+    predictions = {"q": [(1.6, 44.8, 1.0)]}
+    assert recall_at_1(predictions, {"q": [(0.0, 48.0)]}, [0.9]) == {0.9: 0.0}
+    # the target is chosen by IoU (first of equals), then scored by the hull
+    assert r1_iou((2, 4), [(10, 12), (1, 4), (2, 5)]) == 2 / 3
+    assert r1_iou((2, 4), []) == 0.0
 
 
 def test_window_metrics_empty_prediction_with_target_scores_zero():
@@ -275,3 +298,36 @@ def test_window_metrics_thresholds_are_inclusive():
 def test_window_metrics_no_samples():
     with pytest.raises(ValueError):
         window_metrics([])
+
+
+def test_lenient_reading_of_prose_answers():
+    from videosft.chat import parse_answer, parse_answer_lenient
+
+    cases = {
+        "1.5-3.0, 4.5-7.5": [(1.5, 3.0), (4.5, 7.5)],
+        "The ball is visible from 1.5 to 3.0 seconds.": [(1.5, 3.0)],
+        "1.5s - 3.0s": [(1.5, 3.0)],
+        "0:01.5 - 1:03": [(1.5, 63.0)],
+        "3.0-1.5": [(1.5, 3.0)],  # reversed
+        "Never.": [],
+        "2.4, 3.4": None,  # times, not ranges
+        "I cannot tell": None,
+    }
+    for text, expected in cases.items():
+        assert parse_answer_lenient(text) == expected, text
+    assert parse_answer("The ball is visible from 1.5 to 3.0 seconds.") is None  # the fine-tune's reading is strict
+
+
+def test_constant_baselines_are_what_ignoring_the_video_scores():
+    from videosft.evaluate import constant_baselines
+
+    rows = [{"keep_local": [[2.0, 6.0]], "window_start": 0.0, "window_end": 8.0},
+            {"keep_local": [[3.0, 5.0]], "window_start": 8.0, "window_end": 16.0},
+            {"keep_local": [[3.0, 5.0]], "window_start": 24.0, "window_end": 32.0},
+            {"keep_local": [], "window_start": 16.0, "window_end": 24.0}]
+    baselines = constant_baselines(rows)
+    assert baselines["none"]["mIoU"] == 0.0 and baselines["none"]["empty_accuracy"] == 1.0
+    assert baselines["whole_window"]["mIoU"] == pytest.approx((4 / 8 + 2 / 8 + 2 / 8) / 3)
+    best = baselines["best_constant_range"]
+    assert best["range"] == [3.0, 5.0] and best["mIoU"] == pytest.approx((2 / 4 + 1 + 1) / 3)  # the grid's best
+    assert best["mIoU"] >= baselines["whole_window"]["mIoU"] and best["false_keep_rate"] == 1.0

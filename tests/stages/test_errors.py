@@ -1,0 +1,55 @@
+"""A user's mistake ends a stage with its message, what to do and a non-zero exit, never a Python
+traceback; VIDEOSFT_DEBUG=1 shows the traceback. Each error class, from the command line."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from conftest import PROJECT, remember_output, stage_json
+
+
+def stage(module: str, *args: str, debug: bool = False) -> subprocess.CompletedProcess:
+    env = {**os.environ, "VIDEOSFT_DEBUG": "1" if debug else "0"}
+    command = [sys.executable, "-m", f"videosft.{module}", *args]
+    result = subprocess.run(command, capture_output=True, text=True, env=env, cwd=PROJECT, timeout=300)
+    remember_output(command, result.stdout + result.stderr)
+    return result
+
+
+def assert_user_error(result: subprocess.CompletedProcess, message: str) -> None:
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr and message in result.stderr
+
+
+def test_a_bad_config_value(tmp_path):
+    args = ["--config", json.dumps({"window": {"length": -1}}), "--out", str(tmp_path)]
+    assert_user_error(stage("window", *args), "error: config key window/length: -1 is less than or equal")
+    debug = stage("window", *args, debug=True)
+    assert debug.returncode == 1 and "Traceback" in debug.stderr and "ConfigError" in debug.stderr
+
+
+def test_too_many_rejects(demo_config, tmp_path):
+    annotations = tmp_path / "annotations.jsonl"
+    lines = Path(demo_config["data"]["annotations"]).read_text().splitlines()
+    annotations.write_text("\n".join(lines + ["not json"]) + "\n")
+    cfg = {**demo_config, "data": {**demo_config["data"], "annotations": str(annotations)}}
+    result = stage("window", "--config", stage_json("window", cfg), "--out", str(tmp_path / "out"))
+    assert_user_error(result, "error: 1 of 7 annotation lines rejected (limit data.max_reject_fraction=0.0)")
+
+
+def test_a_checkpoint_that_does_not_fit(demo_dir, tmp_path):
+    import torch
+    from safetensors.torch import save_file
+
+    model = shutil.copytree(demo_dir / "model", tmp_path / "model")
+    save_file({"other.weight": torch.zeros(4)}, model / "model-other.safetensors")
+    index = json.loads((model / "model.safetensors.index.json").read_text())
+    index["weight_map"]["other.weight"] = "model-other.safetensors"
+    (model / "model.safetensors.index.json").write_text(json.dumps(index))
+    result = stage("probe", "--config", stage_json("probe", {"model": {"path": str(model)}}), "--out", str(tmp_path / "o"))
+    assert_user_error(result, "does not fit the model:\n1 parameters unexpected in the checkpoint")
