@@ -17,6 +17,7 @@ include: "workflow/rules/probe.smk"
 include: "workflow/rules/train.smk"
 include: "workflow/rules/verify.smk"
 include: "workflow/rules/report.smk"
+include: "workflow/rules/predict.smk"
 
 
 rule all:

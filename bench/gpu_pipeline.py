@@ -35,7 +35,8 @@ sys.path.insert(0, str(ROOT / "src"))
 from videosft import config as config_lib  # noqa: E402
 from videosft.budget import resolve_budget  # noqa: E402
 from videosft.budget import plan  # noqa: E402
-from videosft.preprocess import SCHEMA_VERSION, ShardWriter, build_sample, gather, model_hashes, processor_geometry  # noqa: E402
+from videosft.encoding import build_sample, processor_geometry  # noqa: E402
+from videosft.preprocess import SCHEMA_VERSION, ShardWriter, gather, model_hashes  # noqa: E402
 from videosft.video import Clip  # noqa: E402
 from trace_summary import load_events, summarize  # noqa: E402
 

@@ -18,21 +18,26 @@ import numpy as np
 from .chat import IGNORE_INDEX
 
 
-def collate(rows: list[dict], pad_id: int) -> dict:
+def collate(rows: list[dict], pad_id: int, left: bool = False) -> dict:
     """Host tensors for a list of samples; pixels stay float16 as stored (the model casts them to
-    its own dtype on the device: float16 widens exactly, so the model sees the same values)."""
+    its own dtype on the device: float16 widens exactly, so the model sees the same values).
+    ``left`` pads on the left, as batched generation needs (every prompt ends where answers begin)."""
     import torch
 
     length = max(len(row["input_ids"]) for row in rows)
 
+    def pad(values: list, fill) -> list:
+        padding = [fill] * (length - len(values))
+        return padding + values if left else values + padding
+
     def padded(key: str, fill: int, dtype):
-        return torch.tensor([row[key] + [fill] * (length - len(row[key])) for row in rows], dtype=dtype)
+        return torch.tensor([pad(row[key], fill) for row in rows], dtype=dtype)
 
     pixels = [np.frombuffer(row["pixel_values"], dtype=np.float16).reshape(row["pixel_shape"]) for row in rows]
     batch = {
         "input_ids": padded("input_ids", pad_id, torch.long),
         "labels": padded("labels", IGNORE_INDEX, torch.long),
-        "attention_mask": torch.tensor([[1] * len(r["input_ids"]) + [0] * (length - len(r["input_ids"])) for r in rows]),
+        "attention_mask": torch.tensor([pad([1] * len(row["input_ids"]), 0) for row in rows]),
         "mm_token_type_ids": padded("mm_token_type_ids", 0, torch.int),
         "pixel_values_videos": torch.from_numpy(np.concatenate(pixels)),
         "video_grid_thw": torch.tensor([row["video_grid_thw"] for row in rows], dtype=torch.long),

@@ -24,9 +24,8 @@ import pyarrow.parquet as pq
 from . import config as config_lib
 from .provenance import exit_after, run_record, stage_parser, write_json
 from .rejects import Rejects
+from .timeline import Range, merge_ranges, resolve_video, window_bounds
 from .video import VideoFile
-
-Range = tuple[float, float]
 
 WINDOW_SCHEMA = pa.schema(
     [
@@ -50,42 +49,6 @@ class Realigned:
     source: list[Range]
     clipped: int = 0
     dropped: list[Range] = field(default_factory=list)
-
-
-def window_bounds(duration: float, length: float, stride: float, tail: str = "shift") -> list[Range]:
-    """Window ``[start, end]`` pairs covering ``[0, duration]``.
-
-    ``tail`` decides a last window that would run past the end: ``shift`` moves it left to end
-    at ``duration``, ``short`` keeps it shorter than ``length``, ``drop`` leaves it out. A video
-    shorter than one window gives one window ``[0, duration]`` unless ``tail`` is ``drop``.
-    """
-    if duration <= 0 or not math.isfinite(duration):
-        raise ValueError(f"duration must be a positive number, got {duration}")
-    bounds: list[Range] = []
-    index = 0
-    # every start from its index (never accumulated), every end clamped to the video's end
-    while (start := index * stride) + length <= duration + 1e-9:
-        bounds.append((start, min(start + length, duration)))
-        index += 1
-    covered = bounds[-1][1] if bounds else 0.0
-    if covered < duration - 1e-9 and tail != "drop":
-        last = (max(0.0, duration - length), duration) if tail == "shift" else (start, duration)
-        if not bounds or last != bounds[-1]:
-            bounds.append(last)
-    return bounds
-
-
-def merge_ranges(ranges: list[Range]) -> tuple[list[Range], int]:
-    """Sort and merge overlapping or touching ranges; return them and how many merges happened."""
-    merged: list[list[float]] = []
-    merges = 0
-    for start, end in sorted(ranges):
-        if merged and start <= merged[-1][1]:
-            merged[-1][1] = max(merged[-1][1], end)
-            merges += 1
-        else:
-            merged.append([start, end])
-    return [(s, e) for s, e in merged], merges
 
 
 def realign(keep: list[Range], start: float, end: float, min_fragment: float) -> Realigned:
@@ -119,17 +82,6 @@ def assign_splits(videos: list[str], val_fraction: float, seed: int) -> dict[str
 
 def _video_hash(video: str, seed: int) -> str:
     return hashlib.sha256(f"{seed}:{video}".encode()).hexdigest()
-
-
-def resolve_video(root: Path, relative: str) -> Path:
-    """The video's path under ``root``; paths that leave the root are refused."""
-    candidate = Path(relative)
-    if candidate.is_absolute():
-        raise ValueError(f"video path {relative!r} is absolute; give it relative to data.root ({root})")
-    resolved = (root / candidate).resolve()
-    if not resolved.is_relative_to(root.resolve()):
-        raise ValueError(f"video path {relative!r} leaves data.root ({root})")
-    return resolved
 
 
 def _checked_ranges(ranges, field: str) -> list[Range]:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from conftest import check_host_positions, run_torchrun, stage_json
-from videosft import preprocess, probe, verify, window
+from videosft import encoding, preprocess, probe, verify, window
 from videosft.batches import collate
 from vllm_lora_keys import unloadable
 
@@ -26,8 +26,8 @@ def run_stages(model_dir: Path, demo_config: dict, out: Path) -> dict:
     manifest = out / "preprocess" / "manifest.json"
     assert probe.main(["--config", stage_json("probe", cfg), "--samples", str(manifest),
                        "--out", str(out / "probe")]) == 0
-    result = run_torchrun(["-m", "videosft.train", "--config", stage_json("train", cfg), "--samples", str(manifest),
-                           "--probe", str(out / "probe" / "probe.json"), "--out", str(out / "train")])
+    run_torchrun(["-m", "videosft.train", "--config", stage_json("train", cfg), "--samples", str(manifest),
+                  "--probe", str(out / "probe" / "probe.json"), "--out", str(out / "train")])
     assert (out / "train" / "adapter" / "adapter_model.safetensors").exists()
     assert verify.main(["--config", stage_json("verify", cfg), "--adapter", str(out / "train" / "adapter"),
                         "--samples", str(manifest), "--out", str(out / "verify")]) == 0
@@ -82,9 +82,9 @@ def test_qwen2_5_vl_trains_and_verifies_with_its_time_step(qwen25_dir, demo_conf
 
 
 def test_a_frame_rate_a_fixed_step_cannot_follow_is_rejected():
-    preprocess.check_grid_times(1.0, [0.25, 1.2, 2.3, 3.25])  # within half a step everywhere
-    with pytest.raises(preprocess.SampleError, match="0.650 s off the fixed step of 1.000 s"):
-        preprocess.check_grid_times(1.0, [0.25, 1.9, 2.3, 3.25])
+    encoding.check_grid_times(1.0, [0.25, 1.2, 2.3, 3.25])  # within half a step everywhere
+    with pytest.raises(encoding.SampleError, match="0.650 s off the fixed step of 1.000 s"):
+        encoding.check_grid_times(1.0, [0.25, 1.9, 2.3, 3.25])
 
 
 def test_a_checkpoint_as_published_goes_through_every_stage_with_its_own_template(published_qwen35, demo_config,

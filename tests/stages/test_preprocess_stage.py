@@ -11,7 +11,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from conftest import stage_json
-from videosft import preprocess
+from videosft import encoding, preprocess
 from videosft.chat import parse_answer, prompt_timestamps
 from videosft.preprocess import read_samples
 from videosft.rejects import TooManyRejects
@@ -148,7 +148,7 @@ def test_a_marker_rounded_at_a_tie_is_not_taken_for_a_clock_error(demo_dir):
     from videosft.video import Clip
 
     processor = AutoProcessor.from_pretrained(demo_dir / "model")
-    geometry = preprocess.processor_geometry(processor)
+    geometry = encoding.processor_geometry(processor)
     cfg = config_lib.resolve({"video": {"fps": 4.5, "max_frames": 144, "max_tokens": 4}})
     budget = resolve_budget(cfg["video"], environ={})
 
@@ -160,10 +160,10 @@ def test_a_marker_rounded_at_a_tie_is_not_taken_for_a_clock_error(demo_dir):
             return Clip(frames, picks.tolist(), (picks / 30.0).tolist(), frame_plan, 64, 64)
 
     window = {"window_start": 0.0, "window_end": 32.0, "keep_local": [[8.0, 9.0]], "query": "the red ball"}
-    clip, _, input_ids, *_ = preprocess.encode_window(window, Video(), processor, cfg, budget, geometry)
+    clip, _, input_ids, *_ = encoding.encode_window(window, Video(), processor, cfg, budget, geometry)
     assert len(clip.frame_indices) == 144
     markers = prompt_timestamps(processor.tokenizer.decode(input_ids))
-    assert markers[18] == 8.1 and preprocess.frame_pair_times(clip.local_times, 2)[18] == pytest.approx(8.15)
+    assert markers[18] == 8.1 and encoding.frame_pair_times(clip.local_times, 2)[18] == pytest.approx(8.15)
 
 
 @pytest.mark.parametrize("codec", ["none", "snappy", "zstd"])

@@ -15,7 +15,7 @@ from videosft import config as config_lib
 from videosft import layout
 from videosft.budget import resolve_budget
 from videosft.chat import messages, render_answer
-from videosft.preprocess import build_sample, processor_geometry
+from videosft.encoding import build_sample, processor_geometry
 from videosft.video import VideoFile
 
 

@@ -11,15 +11,8 @@ import pytest
 from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
-from videosft.window import (
-    Realigned,
-    assign_splits,
-    merge_ranges,
-    parse_annotation,
-    realign,
-    resolve_video,
-    window_bounds,
-)
+from videosft.timeline import merge_ranges, resolve_video, window_bounds
+from videosft.window import Realigned, assign_splits, parse_annotation, realign
 
 PROPERTY = settings(
     max_examples=200, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow]

@@ -149,6 +149,28 @@ def test_forcerun_and_until_plan_what_the_readme_says(full_run):
         {"window": 1, "preprocess_shard": 2, "preprocess": 1, "probe": 1}
 
 
+def test_predict_writes_cut_lists_for_every_demo_video(full_run):
+    """`snakemake predict` (not part of the default target): ranges and editor timelines per video,
+    for a folder of videos and, by default, for the val split with its source-time evaluation."""
+    import opentimelineio as otio
+
+    assert planned_jobs(snakemake(full_run, "-n").stdout) == {}  # the default target does not predict
+    folder = snakemake(full_run, "--cores", "2", "predict", "--config", "predict={'videos': 'data/demo/videos'}")
+    assert folder.returncode == 0
+    summary = json.loads((full_run / "results/predict/summary.json").read_text())
+    videos = sorted(path.name for path in (full_run / "data/demo/videos").glob("*.mp4"))
+    assert sorted(summary["outputs"]) == videos and summary["predicted"] == len(videos)
+    for files in summary["outputs"].values():
+        keep = json.loads((full_run / files["otio"]).parent.joinpath("keep.json").read_text())
+        assert len(keep["windows"]) == 2 and isinstance(keep["ranges"], list)  # 16 s videos, 8 s windows
+        edl = otio.adapters.read_from_file(str(full_run / files["edl"]), adapter_name="cmx_3600")
+        assert len(edl.find_clips()) == len(keep["ranges"])
+    val = snakemake(full_run, "--cores", "2", "predict")
+    assert val.returncode == 0
+    evaluation = json.loads((full_run / "results/predict/evaluation.json").read_text())
+    assert evaluation["videos"] == json.loads((full_run / "results/predict/summary.json").read_text())["predicted"] > 0
+
+
 def test_an_interrupted_stage_is_found_and_rerun_with_rerun_incomplete(full_run):
     import signal
     import time

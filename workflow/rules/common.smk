@@ -80,3 +80,19 @@ def train_launcher(wildcards, threads, resources):
         return (f"srun --nodes={resources.nodes} --ntasks-per-node=1 --cpus-per-task={threads} "
                 f"--kill-on-bad-exit=1 {TORCHRUN_SLURM} {resources.nproc}")
     return f"torchrun --standalone --nproc_per_node {resources.nproc}"
+
+
+def predict_inputs(wildcards):
+    """The adapter the predict stage applies (the train stage's, another, or none for a merged
+    model.path) and the windows it reads (only for predict.videos: val)."""
+    adapter = config["predict"]["adapter"]
+    inputs = {}
+    if adapter:
+        inputs["adapter"] = rules.train.output.adapter if adapter == "results/train/adapter" else adapter
+    if config["predict"]["videos"] == "val":
+        inputs["windows"] = rules.window.output.windows
+    return inputs
+
+
+def predict_options(wildcards, input):
+    return " ".join(f"--{name} {path}" for name, path in input.items() if name in ("adapter", "windows"))

@@ -1,0 +1,59 @@
+"""A video's timeline: the windows that cover it, ranges on it, and where its file is.
+
+Shared by the stages that cut videos into windows (window, and predict for new videos), so that a
+window means the same span wherever it is made.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+Range = tuple[float, float]
+
+
+def window_bounds(duration: float, length: float, stride: float, tail: str = "shift") -> list[Range]:
+    """Window ``[start, end]`` pairs covering ``[0, duration]``.
+
+    ``tail`` decides a last window that would run past the end: ``shift`` moves it left to end
+    at ``duration``, ``short`` keeps it shorter than ``length``, ``drop`` leaves it out. A video
+    shorter than one window gives one window ``[0, duration]`` unless ``tail`` is ``drop``.
+    """
+    if duration <= 0 or not math.isfinite(duration):
+        raise ValueError(f"duration must be a positive number, got {duration}")
+    bounds: list[Range] = []
+    index = 0
+    # every start from its index (never accumulated), every end clamped to the video's end
+    while (start := index * stride) + length <= duration + 1e-9:
+        bounds.append((start, min(start + length, duration)))
+        index += 1
+    covered = bounds[-1][1] if bounds else 0.0
+    if covered < duration - 1e-9 and tail != "drop":
+        last = (max(0.0, duration - length), duration) if tail == "shift" else (start, duration)
+        if not bounds or last != bounds[-1]:
+            bounds.append(last)
+    return bounds
+
+
+def merge_ranges(ranges: list[Range]) -> tuple[list[Range], int]:
+    """Sort and merge overlapping or touching ranges; return them and how many merges happened."""
+    merged: list[list[float]] = []
+    merges = 0
+    for start, end in sorted(ranges):
+        if merged and start <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], end)
+            merges += 1
+        else:
+            merged.append([start, end])
+    return [(s, e) for s, e in merged], merges
+
+
+def resolve_video(root: Path, relative: str) -> Path:
+    """The video's path under ``root``; paths that leave the root are refused."""
+    candidate = Path(relative)
+    if candidate.is_absolute():
+        raise ValueError(f"video path {relative!r} is absolute; give it relative to data.root ({root})")
+    resolved = (root / candidate).resolve()
+    if not resolved.is_relative_to(root.resolve()):
+        raise ValueError(f"video path {relative!r} leaves data.root ({root})")
+    return resolved

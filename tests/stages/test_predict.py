@@ -1,0 +1,207 @@
+"""The predict and export stages: from videos to the cut lists an editor opens, and a merged checkpoint."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from conftest import stage_json
+from videosft import config as config_lib
+from videosft import export, predict
+from videosft.cutlist import clip_ranges, merge_votes
+from videosft.preprocess import read_samples
+from videosft.rejects import Rejects
+from videosft.video import VideoFile
+
+
+@pytest.fixture(scope="module")
+def adapter(demo_dir, tmp_path_factory) -> Path:
+    """A LoRA adapter with non-zero B (an untrained one would leave the base unchanged), as peft saves it."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoConfig
+
+    from videosft.keymap import model_class
+
+    model_dir = demo_dir / "model"
+    base = model_class(AutoConfig.from_pretrained(model_dir)).from_pretrained(model_dir, dtype=torch.float32)
+    model = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if "lora_B" in name:
+                parameter.normal_(std=0.05)
+    out = tmp_path_factory.mktemp("adapter")
+    model.save_pretrained(out)
+    return out
+
+
+def predict_cfg(demo_config: dict, **predict_cfg) -> dict:
+    return config_lib.stage_config("predict", config_lib.resolve({**demo_config, "predict": predict_cfg}))
+
+
+def test_predict_feeds_the_model_the_training_prompt_of_each_window(prepared, demo_config):
+    """Train/serve parity: for every val window, the token ids predict gives the model are the
+    training sample's ids up to its answer, and the pixels are the same."""
+    from transformers import AutoProcessor
+
+    cfg = predict_cfg(demo_config)
+    processor = AutoProcessor.from_pretrained(cfg["model"]["path"])
+    samples = {row["window_id"]: row for row in read_samples(prepared / "preprocess" / "manifest.json", "val")}
+    videos = predict.videos_to_predict(cfg, prepared / "window" / "windows.parquet")
+    compared = 0
+    for (path, _query), windows in videos.items():
+        prompts, results = predict.window_prompts(VideoFile(Path(path)), windows, processor, cfg,
+                                                  Rejects(Path("/tmp") / "unused-rejects.jsonl"))
+        for prompt, result in zip(prompts, results):
+            sample = samples[result["window_id"]]
+            first = next(i for i, label in enumerate(sample["labels"]) if label != -100)
+            assert prompt["input_ids"] == sample["input_ids"][:first], result["window_id"]
+            assert prompt["pixel_values"] == sample["pixel_values"] and prompt["video_grid_thw"] == sample["video_grid_thw"]
+            compared += 1
+    assert compared == len(samples) > 0
+
+
+def test_merging_overlapping_windows():
+    windows = [{"start": 0.0, "end": 8.0, "ranges": [(2.0, 6.0)]},
+               {"start": 4.0, "end": 12.0, "ranges": [(5.0, 9.0)]},
+               {"start": 8.0, "end": 16.0, "ranges": None}]  # unparseable: abstains
+    assert merge_votes(windows, 0.5) == [(2.0, 9.0)]  # one of two covering windows is enough at 0.5
+    assert merge_votes(windows, 1.0) == [(2.0, 4.0), (5.0, 6.0), (8.0, 9.0)]  # every covering window must agree
+    assert merge_votes([{"start": 0.0, "end": 8.0, "ranges": []}], 0.5) == []
+
+
+def test_an_edl_and_fcp_xml_read_back_to_the_same_clips(demo_dir, tmp_path):
+    from videosft.cutlist import timeline, write_timelines
+
+    video = sorted((demo_dir / "videos").glob("*.mp4"))[0]
+    ranges = [(1.0, 2.5), (4.125, 7.0), (9.5, 16.0)]
+    files = write_timelines(timeline(video, ranges, 24.0, 16.0, "cut list"), tmp_path, "cut")
+    for suffix, adapter_name in (("otio", None), ("edl", "cmx_3600"), ("xml", "fcp_xml")):
+        assert clip_ranges(Path(files[suffix]), adapter_name) == ranges, suffix
+    import opentimelineio as otio
+
+    read = otio.adapters.read_from_file(files["edl"], adapter_name="cmx_3600")
+    assert all(Path(clip.media_reference.target_url).name == video.name for clip in read.find_clips())
+    empty = write_timelines(timeline(video, [], 24.0, 16.0, "nothing kept"), tmp_path, "empty")
+    assert clip_ranges(Path(empty["edl"]), "cmx_3600") == [] == clip_ranges(Path(empty["otio"]))
+
+
+@pytest.fixture(scope="module")
+def predicted(prepared, demo_config, adapter, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("predict")
+    cfg = {**demo_config, "predict": {"batch_size": 3, "render": True}}
+    assert predict.main(["--config", stage_json("predict", cfg), "--adapter", str(adapter), "--windows",
+                         str(prepared / "window" / "windows.parquet"), "--out", str(out)]) == 0
+    return out
+
+
+def test_every_val_video_gets_ranges_and_timelines_an_editor_opens(predicted, prepared):
+    summary = json.loads((predicted / "summary.json").read_text())
+    val_videos = {row["video"] for row in pq.read_table(prepared / "window" / "windows.parquet").to_pylist()
+                  if row["split"] == "val"}
+    assert summary["predicted"] == len(val_videos) == len(summary["outputs"]) > 0
+    for name, files in summary["outputs"].items():
+        keep = json.loads((Path(files["otio"]).parent / "keep.json").read_text())
+        assert all(w["answer"] is not None and ("ranges" in w) for w in keep["windows"])
+        for start, end in keep["ranges"]:
+            assert 0 <= start < end <= keep["duration"]
+        for suffix, adapter_name in (("otio", None), ("edl", "cmx_3600"), ("xml", "fcp_xml")):
+            clips = clip_ranges(Path(files[suffix]), adapter_name)
+            assert len(clips) == len(keep["ranges"]), (suffix, clips, keep["ranges"])
+            for (start, end), (clip_start, clip_end) in zip(keep["ranges"], clips):  # to the frame
+                tolerance = 0.5 / keep["timeline_rate"] + 1e-9
+                assert abs(clip_start - start) <= tolerance and abs(clip_end - end) <= tolerance
+        if keep["ranges"]:
+            rendered = VideoFile(Path(files["mp4"]))
+            kept_frames = sum(len(VideoFile(Path(keep["video"])).window_frames(s, e)) for s, e in keep["ranges"])
+            assert len(rendered.reader) == kept_frames
+    evaluation = json.loads((predicted / "evaluation.json").read_text())
+    assert evaluation["videos"] == len(val_videos) and evaluation["moments"] > 0
+    assert {"R1@0.5", "mIoU", "keep_precision", "keep_recall"} <= set(evaluation)
+
+
+def one_window_at_a_time(prepared, demo_config, adapter, out: Path) -> Path:
+    cfg = {**demo_config, "predict": {"batch_size": 1}}
+    assert predict.main(["--config", stage_json("predict", cfg), "--adapter", str(adapter), "--windows",
+                         str(prepared / "window" / "windows.parquet"), "--out", str(out)]) == 0
+    return out
+
+
+def answers(out: Path) -> dict:
+    return {w["window_id"]: w["answer"] for keep in out.rglob("keep.json")
+            for w in json.loads(keep.read_text())["windows"]}
+
+
+def test_batches_and_single_windows_answer_alike(predicted, prepared, demo_config, adapter, tmp_path):
+    """Left padding and the KV cache change nothing: batches of 3 answer as one window at a time does."""
+    single = one_window_at_a_time(prepared, demo_config, adapter, tmp_path / "one")
+    assert answers(single) == answers(predicted) and answers(single)
+
+
+def test_the_rendered_cut_holds_exactly_the_kept_frames(demo_dir, tmp_path):
+    from videosft.render import render_cut
+
+    video = sorted((demo_dir / "videos").glob("*.mp4"))[0]
+    ranges = [(1.0, 2.5), (4.0, 5.0)]
+    cut = VideoFile(render_cut(video, ranges, tmp_path / "cut.mp4"))
+    source = VideoFile(video)
+    assert len(cut.reader) == sum(len(source.window_frames(start, end)) for start, end in ranges)
+    assert render_cut(video, [], tmp_path / "none.mp4") is None and not (tmp_path / "none.mp4").exists()
+
+
+def test_a_broken_video_in_a_folder_is_recorded_and_the_others_go_on(demo_dir, demo_config, adapter, tmp_path):
+    folder = tmp_path / "videos"
+    folder.mkdir()
+    good = sorted((demo_dir / "videos").glob("*.mp4"))[0]
+    shutil.copy2(good, folder / good.name)
+    (folder / "broken.mp4").write_bytes(b"not a video")
+    cfg = {**demo_config, "predict": {"videos": str(folder)}}
+    assert predict.main(["--config", stage_json("predict", cfg), "--adapter", str(adapter),
+                         "--out", str(tmp_path / "out")]) == 0
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["videos"] == 2 and summary["predicted"] == 1 and list(summary["outputs"]) == [good.name]
+    rejects = [json.loads(line) for line in (tmp_path / "out" / "rejects.jsonl").read_text().splitlines()]
+    assert any("broken.mp4" in r["where"] and "could not be decoded" in r["error"] for r in rejects)
+
+
+def test_export_merges_into_a_checkpoint_that_loads_and_answers_like_base_plus_adapter(prepared, demo_config,
+                                                                                         adapter, tmp_path):
+    import torch
+    from peft import PeftModel
+    from transformers import AutoConfig
+
+    from videosft.batches import collate
+    from videosft.keymap import model_class
+
+    model_dir = Path(demo_config["model"]["path"])
+    out = tmp_path / "merged"
+    cfg = {**demo_config, "export": {"dtype": "float32"}}
+    assert export.main(["--config", stage_json("export", cfg), "--adapter", str(adapter), "--out", str(out)]) == 0
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json", "chat_template.jinja",
+                 "model.safetensors.index.json"):
+        assert (out / name).exists() or name == "model.safetensors.index.json" and (out / "model.safetensors").exists()
+    assert (out / "config.json").read_text() == (model_dir / "config.json").read_text()
+    cls = model_class(AutoConfig.from_pretrained(model_dir))
+    merged = cls.from_pretrained(out, dtype=torch.float32).eval()
+    unmerged = PeftModel.from_pretrained(cls.from_pretrained(model_dir, dtype=torch.float32), adapter).eval()
+    row = read_samples(prepared / "preprocess" / "manifest.json", "val")[0]
+    batch = {k: v for k, v in collate([row], 0).items() if k != "labels"}
+    with torch.no_grad():
+        difference = (merged(**batch).logits - unmerged(**batch).logits).abs().max().item()
+        base_difference = (merged(**batch).logits - cls.from_pretrained(model_dir, dtype=torch.float32).eval()(
+            **batch).logits).abs().max().item()
+    assert difference < 1e-4 < base_difference  # the adapter is in, and merged exactly in float32
+
+    # predict takes the merged checkpoint as model.path, without an adapter, and answers alike
+    merged_cfg = {**demo_config, "model": {"path": str(out)}, "predict": {"adapter": None, "batch_size": 3}}
+    assert predict.main(["--config", stage_json("predict", merged_cfg), "--windows",
+                         str(prepared / "window" / "windows.parquet"), "--out", str(tmp_path / "p")]) == 0
+    plus_adapter = {**demo_config, "predict": {"batch_size": 3}}
+    assert predict.main(["--config", stage_json("predict", plus_adapter), "--adapter", str(adapter), "--windows",
+                         str(prepared / "window" / "windows.parquet"), "--out", str(tmp_path / "a")]) == 0
+    assert answers(tmp_path / "p") == answers(tmp_path / "a")
