@@ -36,7 +36,7 @@ from videosft import config as config_lib  # noqa: E402
 from videosft.budget import resolve_budget  # noqa: E402
 from videosft.budget import plan  # noqa: E402
 from videosft.encoding import build_sample, processor_geometry  # noqa: E402
-from videosft.preprocess import SCHEMA_VERSION, ShardWriter, gather, model_hashes  # noqa: E402
+from videosft.preprocess import ShardWriter, gather, shard_metadata, shard_summary  # noqa: E402
 from videosft.video import Clip  # noqa: E402
 from trace_summary import load_events, summarize  # noqa: E402
 
@@ -105,8 +105,7 @@ def build_samples(cfg: dict, out: Path, windows: int, seconds: float, ranges: in
     shard = out / "shards" / "0"
     shard.mkdir(parents=True, exist_ok=True)
     (shard / "rejects.jsonl").write_text("")
-    metadata = {"schema_version": SCHEMA_VERSION, "budget": budget.as_dict(), "geometry": geometry,
-                "model_files_sha256": model_hashes(Path(cfg["model"]["path"])), "max_length": cfg["data"]["max_length"]}
+    metadata = shard_metadata(cfg, processor, budget, geometry)
     writer = ShardWriter(shard, metadata, 2**40)
     facts: dict[str, list] = {k: [] for k in ("visual_tokens", "text_tokens", "input_tokens", "supervised_tokens",
                                               "decode_seconds", "budget_max_tokens", "frames")}
@@ -121,8 +120,7 @@ def build_samples(cfg: dict, out: Path, windows: int, seconds: float, ranges: in
         for key in facts:
             facts[key].append(len(sample["frame_indices"]) if key == "frames" else sample[key])
     files = writer.close()
-    (shard / "summary.json").write_text(json.dumps({"windows": windows, "samples": dict(writer.counts), "files": files,
-                                                    "facts": facts, "budget": budget.as_dict(), "geometry": geometry}))
+    (shard / "summary.json").write_text(json.dumps(shard_summary(windows, writer, files, facts, metadata)))
     gather([shard], out, cfg, {})
     return {key: (min(values), max(values)) for key, values in facts.items()}
 

@@ -177,6 +177,26 @@ def video_shards(windows: list[dict], shards: int) -> dict[str, int]:
     return assignment
 
 
+def shard_metadata(cfg: dict, processor, budget, geometry: dict) -> dict:
+    """What every sample file of a shard records about how its samples were made."""
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "budget": budget.as_dict(),
+        "geometry": geometry,
+        "model_files_sha256": model_hashes(Path(cfg["model"]["path"])),
+        "max_length": cfg["data"]["max_length"],
+        "video_layout": layout_name(cfg["prompt"]["video_layout"], tells_time_by_grid(processor)),
+        "think_block": cfg["prompt"]["think_block"],
+    }
+
+
+def shard_summary(windows: int, writer, files: dict, facts: dict, metadata: dict, **extra) -> dict:
+    """What a shard tells the gather step (written as summary.json)."""
+    return {"windows": windows, "samples": dict(writer.counts), "files": files, "facts": facts,
+            "budget": metadata["budget"], "geometry": metadata["geometry"],
+            "video_layout": metadata["video_layout"], "think_block": metadata["think_block"], **extra}
+
+
 def run_shard(windows_path: Path, out_dir: Path, cfg: dict, shard: int, shards: int, record: dict) -> None:
     """Preprocess the windows of the videos that hash to ``shard`` (of ``shards``)."""
     from transformers import AutoProcessor
@@ -187,15 +207,7 @@ def run_shard(windows_path: Path, out_dir: Path, cfg: dict, shard: int, shards: 
     budget = resolve_budget(cfg["video"])
     out_dir.mkdir(parents=True, exist_ok=True)
     rejects = Rejects(out_dir / "rejects.jsonl")
-    metadata = {
-        "schema_version": SCHEMA_VERSION,
-        "budget": budget.as_dict(),
-        "geometry": geometry,
-        "model_files_sha256": model_hashes(model_path),
-        "max_length": cfg["data"]["max_length"],
-        "video_layout": layout_name(cfg["prompt"]["video_layout"], tells_time_by_grid(processor)),
-        "think_block": cfg["prompt"]["think_block"],
-    }
+    metadata = shard_metadata(cfg, processor, budget, geometry)
     writer = ShardWriter(out_dir, metadata, int(cfg["preprocess"]["shard_mb"] * 2**20),
                          cfg["preprocess"]["pixel_compression"])
     windows = pq.ParquetFile(windows_path).read().to_pylist()  # read_table would import pyarrow.dataset and pandas
@@ -224,12 +236,8 @@ def run_shard(windows_path: Path, out_dir: Path, cfg: dict, shard: int, shards: 
                 facts[key].append(sample[key])
             facts["frames"].append(len(sample["frame_indices"]))
     files = writer.close()
-    record["results"] = {
-        "shard": shard, "shards": shards, "windows": len(windows), "samples": dict(writer.counts),
-        "files": files, "rejects": rejects.summary(), "budget": budget.as_dict(), "geometry": geometry,
-        "video_layout": metadata["video_layout"], "think_block": metadata["think_block"],
-        "facts": {key: values for key, values in facts.items()},
-    }
+    record["results"] = shard_summary(len(windows), writer, files, dict(facts), metadata, shard=shard, shards=shards,
+                                      rejects=rejects.summary())
     write_json(out_dir / "summary.json", record["results"])
     print(f"preprocess shard {shard}/{shards}: {sum(writer.counts.values())} samples {dict(writer.counts)} from "
           f"{len(windows)} windows, {len(rejects)} rejected")

@@ -39,7 +39,7 @@ def ids_by_the_rules(sample: dict, processor, cfg_prompt: dict, video_layout: st
     in window seconds, to one decimal) then <|vision_start|>, its tokens, <|vision_end|>."""
     tokenizer = processor.tokenizer
     text = processor.apply_chat_template(messages(cfg_prompt, sample["query"], render_answer(sample["keep_local"])),
-                                         tokenize=False)
+                                         tokenize=False, enable_thinking=False)
     before, after = text.split(layout.PLACEHOLDER)
     start, pad, end = (tokenizer.convert_tokens_to_ids(t) for t in (layout.VIDEO_START, layout.VIDEO_PAD, layout.VIDEO_END))
     pairs, height, width = sample["video_grid_thw"]
@@ -59,10 +59,12 @@ def ids_by_the_rules(sample: dict, processor, cfg_prompt: dict, video_layout: st
 
 @pytest.mark.parametrize("family, video_layout", [("qwen3_5", "blocks"), ("qwen3_5", "nested"),
                                                   ("qwen3_vl", "blocks"), ("qwen3_vl", "nested"),
-                                                  ("qwen2_5_vl", "blocks")])
+                                                  ("qwen2_5_vl", "blocks"), ("published_qwen3_5", "blocks")])
 def test_preprocess_writes_the_layout_token_for_token(family, video_layout, demo_dir, qwen3vl_dir, qwen25_dir,
-                                                      demo_config, prepared):
-    model_dir = {"qwen3_5": demo_dir / "model", "qwen3_vl": qwen3vl_dir, "qwen2_5_vl": qwen25_dir}[family]
+                                                      demo_config, prepared, request):
+    """published_qwen3_5: the real 248k tokenizer and a hybrid-thinking template (tests/published.py)."""
+    model_dir = {"qwen3_5": demo_dir / "model", "qwen3_vl": qwen3vl_dir, "qwen2_5_vl": qwen25_dir}.get(family) \
+        or request.getfixturevalue("published_qwen35")
     sample, processor = sample_for(model_dir, demo_config, prepared, video_layout)
     prompt = config_lib.resolve({})["prompt"]
     expected_layout = "single" if family == "qwen2_5_vl" else video_layout
