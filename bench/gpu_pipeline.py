@@ -278,8 +278,12 @@ def print_table(results: dict) -> None:
                               f"{train['load']['load_seconds']:.1f}", f"{train['load']['verify_seconds']:.1f}"]))
     verify = results.get("verify")
     if verify:
-        print(f"verify: {verify['tensors']['summary']}, merged vs unmerged max |diff| "
-              f"{verify['forward']['max_abs_difference']:.2e}, {results['verify_seconds']:.0f} s")
+        forward = verify["forward"]
+        print(f"verify: {'ok' if verify['ok'] else 'FAILED ' + str(verify['problems'])}; {verify['tensors']['summary']}; "
+              f"merged vs unmerged max |diff| {forward['max_abs_difference']:.3g} (tolerance "
+              f"{forward['tolerance']['atol']:.3g}, {forward['tolerance']['dtype']}); merged weights "
+              f"{forward['weights']['modules']} modules ok={forward['weights']['ok']}; GPU peak "
+              f"{verify.get('gpu_peak_gib')}; {results['verify_seconds']:.0f} s")
 
 
 if __name__ == "__main__":

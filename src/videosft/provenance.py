@@ -54,6 +54,7 @@ ENV_EXACT = (
     "OMP_NUM_THREADS",
     "PYTHONPATH",
     "PYTORCH_CUDA_ALLOC_CONF",
+    "TRITON_CACHE_DIR",
 )
 ENV_PREFIXES = ("SLURM_", "VIDEOSFT_")  # every VIDEOSFT_* switch, present and future
 

@@ -41,7 +41,7 @@ from .batches import BatchesAhead, host_positions
 from .errors import ConfigError, InputError
 from .fused import select_fused_kernels
 from .kernels import select_gated_delta_rule
-from .keymap import load_checkpoint, logical_shape, model_class
+from .keymap import build_meta_model, load_checkpoint, logical_shape, model_class
 from .lora import target_module_names
 from .memory import ModelFacts, SampleFacts, plan_peak
 from .preprocess import read_samples, sample_files
@@ -378,12 +378,16 @@ def build_engine(run: Run) -> Built:
     import torch
 
     train_cfg, model_dir = run.train_cfg, Path(run.cfg["model"]["path"])
+    longest = max(r["input_tokens"] for r in run.rows)
+    # The Gated-DeltaNet check binds a function of the modeling module and needs only the layers'
+    # shapes: it runs on the meta-device model, before the weights take GPU memory (its fp32
+    # reference took 3.1 GiB more at 64 frames, enough to break a 12 GiB card's plan).
+    gated_deltanet = select_gated_delta_rule(build_meta_model(model_dir), run.device, longest)
     started = time.perf_counter()
     model, _hf_ds_config = build_partitioned_model(model_dir, run.ds_config)
     load = load_checkpoint(model, model_dir, run.probe["key_map"])
     load["build_and_load_seconds"] = time.perf_counter() - started
-    longest = max(r["input_tokens"] for r in run.rows)
-    kernels = {"gated_deltanet": select_gated_delta_rule(model, run.device, longest),
+    kernels = {"gated_deltanet": gated_deltanet,
                "fused": select_fused_kernels(model, run.device, longest, train_cfg["fused_kernels"]),
                "vision_attention_batched": batch_vision_attention(model)}
     if run.rank == 0:

@@ -1,12 +1,14 @@
 """Stage 5, verify: reload base + adapter in a fresh process (no DeepSpeed) and check them.
 
 Every tensor in ``adapter_model.safetensors`` is compared element-wise and by shape with the one
-``PeftModel.from_pretrained`` loaded; the adapter directory must hold adapter files only; and the
-merged (``merge_and_unload``) and unmerged models must give the same logits on real val samples
-within ``verify.forward_atol``. Exits non-zero on any mismatch. Then both the base model (adapter
-disabled) and the fine-tune answer the val windows greedily, and both are scored with the same
-parser and metrics (R1 at IoU 0.3 / 0.5 / 0.7, mIoU, mAP over IoU 0.5:0.05:0.95, and the rates of
-well-formed, unparseable and degenerate answers), in ``verify.json`` and as a table in the log.
+``PeftModel.from_pretrained`` loaded; the adapter directory must hold adapter files only. Then
+both the base model (adapter disabled) and the fine-tune answer the val windows greedily, and
+both are scored with the same parser and metrics (:mod:`videosft.evaluate`), in ``verify.json``
+and as a table in the log. Last, the adapter is merged module by module, each merged weight
+checked against W + scale·B·A up to one rounding, and the merged and unmerged models' logits at
+the supervised positions of real val samples compared within a tolerance that follows from the
+dtype (bf16 on a GPU, fp32 on the CPU; ``verify.json`` states it and why). Exits non-zero on any
+mismatch.
 
     python -m videosft.verify --config config.yaml --adapter results/train/adapter \\
         --samples results/preprocess/manifest.json --out results/verify
@@ -36,14 +38,23 @@ class VerificationError(UserError, RuntimeError):
     pass
 
 
-def load_model(model_dir: Path, adapter_dir: Path):
+def verify_dtype(requested: str):
+    """bf16 on a GPU (the weights of a 4B model then fit a 12 GB card), fp32 on the CPU."""
+    import torch
+
+    if requested == "auto":
+        return torch.bfloat16 if torch.cuda.is_available() else torch.float32
+    return getattr(torch, requested)
+
+
+def load_model(model_dir: Path, adapter_dir: Path, dtype=None):
     import torch
     from peft import PeftModel
     from transformers import AutoConfig
 
     config = AutoConfig.from_pretrained(model_dir)
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    base = model_class(config).from_pretrained(model_dir, dtype=torch.float32, device_map=device)
+    base = model_class(config).from_pretrained(model_dir, dtype=dtype or torch.float32, device_map=device)
     model = PeftModel.from_pretrained(base, adapter_dir)
     model.eval()
     return model
@@ -83,20 +94,90 @@ def adapter_files(adapter_dir: Path) -> dict:
     return {"files": files, "bytes": sum(files.values()), "unexpected_files": extra}
 
 
-def forward_agreement(model, rows: list[dict], pad_id: int, atol: float) -> dict:
-    """Largest logit difference between the unmerged and the merged model on the same samples."""
+# The forward comparison's tolerance, per dtype of the forward: merged and unmerged models compute
+# the same function with differently rounded weights (W + s·BA stored once in the dtype, against
+# W and the adapter applied beside it), so their logits differ by roundings propagated through the
+# layers, at most some units in the last place of the largest logit. Measured on Qwen3.5-4B (logits
+# up to 6.2; bench/RESULTS.md): fp32 3.7e-5 = 99 ulp/2, bf16 0.168 = 7 ulp/2. The bounds below give
+# about 3x and 2x room over those; a merge that lost or doubled the adapter is off by its whole effect.
+UNITS_OF_ROUNDOFF = {"float32": 256, "bfloat16": 16}
+
+
+def forward_tolerance(dtype, largest_logit: float) -> dict:
     import torch
 
+    name = str(dtype).replace("torch.", "")
+    roundoff = torch.finfo(dtype).eps / 2
+    units = UNITS_OF_ROUNDOFF.get(name, 16)
+    return {"atol": units * roundoff * largest_logit, "dtype": name,
+            "reason": f"{units} unit roundoffs of {name} ({roundoff:.3g}) times the largest logit "
+                      f"({largest_logit:.3g}): merged and unmerged differ only in how the merged weights were "
+                      "rounded, propagated through the layers (measured on Qwen3.5-4B: fp32 about 99, bf16 about "
+                      "7 unit roundoffs)"}
+
+
+def supervised_positions(row: dict) -> list[int]:
+    """The positions whose logits the loss reads: one before each supervised label."""
+    return [i - 1 for i, label in enumerate(row["labels"]) if label != -100 and i > 0]
+
+
+def merged_weights_agree(model) -> dict:
+    """Merge the adapter module by module, checking each merged weight against W + scale·B·A
+    computed in fp32 on the CPU: equal up to one rounding to the weight's dtype (half a unit in the
+    last place of each element). One module's weights in fp32 at a time, whatever the model's size."""
+    import torch
+    from peft.tuners.lora import LoraLayer
+
+    worst, modules, problems = 0.0, 0, []
+    for name, module in model.named_modules():
+        if not isinstance(module, LoraLayer) or not module.active_adapters:
+            continue
+        weight = module.get_base_layer().weight
+        expected = weight.detach().to("cpu", torch.float32, copy=True)  # a copy: the merge changes the weight
+        for adapter in module.active_adapters:
+            expected += module.get_delta_weight(adapter).detach().float().cpu()
+        module.merge()
+        merged = weight.detach().float().cpu()
+        bound = torch.finfo(weight.dtype).eps / 2 * expected.abs() + torch.finfo(weight.dtype).tiny
+        excess = ((merged - expected).abs() - bound).max().item()
+        worst = max(worst, (merged - expected).abs().max().item())
+        modules += 1
+        if excess > 0:
+            problems.append(f"{name}: merged weight differs from W + scale·B·A beyond one rounding to {weight.dtype}")
+    return {"modules": modules, "max_abs_difference": worst, "ok": not problems, "problems": problems,
+            "tolerance": "half a unit in the last place of each merged element (one rounding to the weight dtype)"}
+
+
+def forward_agreement(model, rows: list[dict], pad_id: int) -> dict:
+    """Logits of the unmerged and the merged model on the same samples, at the supervised positions
+    (full logits of a 248k vocabulary at 13k tokens would not fit a 12 GB card), and each merged
+    weight against its definition. Merges the model in place: call it last."""
+    import torch
+
+    from .kernels import select_gated_delta_rule
+
     device = next(model.parameters()).device
-    batches = [{k: v.to(device) for k, v in collate([row], pad_id).items() if k != "labels"} for row in rows]
+    dtype = next(model.parameters()).dtype
+    gated_deltanet = None
+    if dtype == torch.float32:
+        # fla's kernels multiply fp32 in TF32 (Triton's default dot precision), 2^-11: merged and
+        # unmerged then differed by 2.8e-4 on Qwen3.5-4B; transformers' torch path stays in fp32
+        gated_deltanet = select_gated_delta_rule(model, device, 0, requested="torch")["implementation"]
+    batches = []
+    for row in rows:
+        batch = {k: v.to(device) for k, v in collate([row], pad_id).items() if k != "labels"}
+        batch["logits_to_keep"] = torch.tensor(supervised_positions(row), device=device)
+        batches.append(batch)
     with torch.no_grad():
-        unmerged = [model(**batch, use_cache=False).logits for batch in batches]
-        merged_model = model.merge_and_unload()
-        merged = [merged_model(**batch, use_cache=False).logits for batch in batches]
+        unmerged = [model(**batch, use_cache=False).logits.float().cpu() for batch in batches]
+        weights = merged_weights_agree(model)
+        merged = [model(**batch, use_cache=False).logits.float().cpu() for batch in batches]
     differences = [(a - b).abs().max().item() for a, b in zip(unmerged, merged)]
-    del merged_model
     worst = max(differences, default=0.0)
-    return {"samples": len(rows), "max_abs_difference": worst, "atol": atol, "ok": worst <= atol,
+    tolerance = forward_tolerance(dtype, max((logits.abs().max().item() for logits in unmerged), default=0.0))
+    return {"samples": len(rows), "max_abs_difference": worst, "tolerance": tolerance,
+            "ok": worst <= tolerance["atol"] and weights["ok"], "weights": weights,
+            "positions": sum(len(supervised_positions(row)) for row in rows), "gated_deltanet": gated_deltanet,
             "window_ids": [row["window_id"] for row in rows]}
 
 
@@ -106,7 +187,7 @@ def verify(cfg: dict, adapter_dir: Path, samples_path: Path) -> dict:
     model_dir = Path(cfg["model"]["path"])
     started = time.perf_counter()
     files = adapter_files(adapter_dir)
-    model = load_model(model_dir, adapter_dir)
+    model = load_model(model_dir, adapter_dir, verify_dtype(cfg["verify"]["dtype"]))
     load_seconds = time.perf_counter() - started
     tensors = compare_adapter(model, adapter_dir)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
@@ -117,15 +198,25 @@ def verify(cfg: dict, adapter_dir: Path, samples_path: Path) -> dict:
                           cfg["verify"]["max_new_tokens"], collate, think_block)
     evaluation["seconds"] = time.perf_counter() - started
     # merge_and_unload folds the adapter into the base: compared last, once nothing else needs it
-    forward = forward_agreement(model, val[: cfg["verify"]["forward_samples"]], tokenizer.pad_token_id or 0,
-                                cfg["verify"]["forward_atol"])
+    forward = forward_agreement(model, val[: cfg["verify"]["forward_samples"]], tokenizer.pad_token_id or 0)
     problems = list(tensors["problems"])
     if files["unexpected_files"]:
         problems.append(f"{adapter_dir} holds files that are not adapter files: {files['unexpected_files']}")
-    if not forward["ok"]:
-        problems.append(f"merged and unmerged logits differ by {forward['max_abs_difference']:.3g} > {forward['atol']}")
+    problems += forward["weights"]["problems"]
+    if forward["max_abs_difference"] > forward["tolerance"]["atol"]:
+        problems.append(f"merged and unmerged logits differ by {forward['max_abs_difference']:.3g} > "
+                        f"{forward['tolerance']['atol']:.3g} ({forward['tolerance']['reason']})")
     return {"adapter": files, "tensors": tensors, "forward": forward, "evaluation": evaluation,
-            "load_seconds": load_seconds, "ok": not problems, "problems": problems}
+            "load_seconds": load_seconds, "gpu_peak_gib": gpu_peak_gib(), "ok": not problems, "problems": problems}
+
+
+def gpu_peak_gib() -> dict | None:
+    """The most GPU memory this process held (allocated and reserved), or None on the CPU."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    return {"allocated": torch.cuda.max_memory_allocated() / 2**30, "reserved": torch.cuda.max_memory_reserved() / 2**30}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -115,7 +115,11 @@ def test_verify_reloads_the_adapter_tensor_for_tensor(trained, prepared, demo_co
                         "--samples", str(prepared / "preprocess" / "manifest.json"), "--out", str(out)]) == 0
     result = json.loads((out / "verify.json").read_text())
     assert result["ok"] and result["tensors"]["matched"] == result["tensors"]["tensors"] == 4
-    assert result["forward"]["max_abs_difference"] <= result["forward"]["atol"]
+    forward = result["forward"]
+    assert forward["max_abs_difference"] <= forward["tolerance"]["atol"] and forward["tolerance"]["dtype"] == "float32"
+    assert "unit roundoffs of float32" in forward["tolerance"]["reason"] and forward["positions"] > 0
+    assert forward["weights"]["ok"] and forward["weights"]["modules"] == 2  # q_proj, v_proj of the one full-attention layer
+    assert forward["gated_deltanet"] == "torch"
 
 
 def test_verify_fails_on_a_tampered_adapter(trained, prepared, demo_config, tmp_path):
