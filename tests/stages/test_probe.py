@@ -342,5 +342,6 @@ def test_a_32b_class_checkpoint_probes_in_seconds_from_headers_alone(tmp_path):
                             timeout=120)
     facts = json.loads(result.stdout.strip().splitlines()[-1])
     assert facts["ok"] and facts["mapped"] > 700
-    # nothing of the 62 GiB is read (the 1 GiB / 5 s goals are measured in bench/probe.py, not asserted here)
-    assert facts["rss_mib"] < 2048, facts
+    # nothing of the 62 GiB is read (the 1 GiB / 5 s goals are measured in bench/probe.py, not asserted here):
+    # 0.8 GiB here alone, 2.3 GiB seen once in a full CI run; reading the tensors would take 62
+    assert facts["rss_mib"] < 4096, facts
