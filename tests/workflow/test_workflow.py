@@ -150,8 +150,8 @@ def test_forcerun_and_until_plan_what_the_readme_says(full_run):
 
 
 def test_predict_writes_cut_lists_for_every_demo_video(full_run):
-    """`snakemake predict` (not part of the default target): ranges and editor timelines per video,
-    for a folder of videos and, by default, for the val split with its source-time evaluation."""
+    """`snakemake predict` (not part of the default target): ranges and editor timelines for every
+    video of a folder."""
     import opentimelineio as otio
 
     assert planned_jobs(snakemake(full_run, "-n").stdout) == {}  # the default target does not predict
@@ -165,10 +165,7 @@ def test_predict_writes_cut_lists_for_every_demo_video(full_run):
         assert len(keep["windows"]) == 2 and isinstance(keep["ranges"], list)  # 16 s videos, 8 s windows
         edl = otio.adapters.read_from_file(str(full_run / files["edl"]), adapter_name="cmx_3600")
         assert len(edl.find_clips()) == len(keep["ranges"])
-    val = snakemake(full_run, "--cores", "2", "predict")
-    assert val.returncode == 0
-    evaluation = json.loads((full_run / "results/predict/evaluation.json").read_text())
-    assert evaluation["videos"] == json.loads((full_run / "results/predict/summary.json").read_text())["predicted"] > 0
+    # the default, predict.videos: val, with its source-time evaluation: tests/stages/test_predict.py
 
 
 def test_an_interrupted_stage_is_found_and_rerun_with_rerun_incomplete(full_run):
