@@ -597,11 +597,7 @@ def resume_from(engine, checkpoints: Path, rank: int, identity: dict) -> tuple[C
     if not latest.exists():
         raise InputError(f"--resume: no checkpoint in {checkpoints} (train.save_every saves them)")
     tag = latest.read_text().strip()
-    saved = json.loads((checkpoints / tag / "identity.json").read_text())
-    changed = [IDENTITY[key] for key in identity if saved.get(key) != identity[key]]
-    if changed:
-        raise InputError(f"checkpoint {tag} in {checkpoints} was made with another {' and another '.join(changed)}; "
-                         "resume with what it was made with, or start afresh (without --resume)")
+    check_identity(json.loads((checkpoints / tag / "identity.json").read_text()), identity, checkpoints / tag)
     _, client = engine.load_checkpoint(str(checkpoints), tag=tag, load_optimizer_states=True,
                                        load_lr_scheduler_states=True)
     position = json.loads((checkpoints / tag / f"position.rank{rank}.json").read_text())
@@ -612,6 +608,14 @@ def resume_from(engine, checkpoints: Path, rank: int, identity: dict) -> tuple[C
 
 IDENTITY = {"config_sha256": "configuration (model, lora, train sections)",
             "samples": "sample store (the manifest and its train files)", "world_size": "world size"}
+
+
+def check_identity(saved: dict, identity: dict, checkpoint: Path) -> None:
+    """Refuse to resume a checkpoint made with another config, sample store or world size, naming which."""
+    changed = [IDENTITY[key] for key in identity if saved.get(key) != identity[key]]
+    if changed:
+        raise InputError(f"checkpoint {checkpoint} was made with another {' and another '.join(changed)}; "
+                         "resume with what it was made with, or start afresh (without --resume)")
 
 
 def run_identity(cfg: dict, samples_path: Path, world: int) -> dict:

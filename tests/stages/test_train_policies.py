@@ -137,11 +137,23 @@ def test_a_kill_while_saving_resumes_from_the_checkpoint_before_with_the_same_ad
         assert ours[key].equal(theirs[key]), key
     assert results["losses_rank0"] == record_of(straight)["results"]["losses_rank0"]
 
-    # resuming on other data or another world size is refused, naming what changed
+    # resuming on other data is refused, naming what changed
     other = run_torchrun(train_args(cfg, manifest_with(prepared, tmp_path, 7), prepared, interrupted, "--resume"))
     assert other.returncode != 0 and "was made with another sample store" in other.stdout
-    fewer = run_torchrun(train_args(cfg, samples, prepared, interrupted, "--resume"), nproc=1)
-    assert fewer.returncode != 0 and "was made with another world size" in fewer.stdout
+    saved = json.loads((checkpoints / (checkpoints / "latest").read_text() / "identity.json").read_text())
+    assert saved["world_size"] == 2 and len(saved["samples"]) == 1 + len(sample_files(samples, "train"))
+
+
+def test_resuming_with_another_config_samples_or_world_size_is_refused_by_name(tmp_path):
+    from videosft.errors import InputError
+    from videosft.train import check_identity
+
+    saved = {"config_sha256": "a", "samples": ["1 files, sha256 x"], "world_size": 2}
+    check_identity(saved, dict(saved), tmp_path)
+    with pytest.raises(InputError, match="made with another world size; resume with"):
+        check_identity(saved, {**saved, "world_size": 1}, tmp_path)
+    with pytest.raises(InputError, match="another configuration .* and another sample store"):
+        check_identity(saved, {**saved, "config_sha256": "b", "samples": ["2 files"]}, tmp_path)
 
 
 def test_a_dead_rank_fails_the_run_promptly(prepared, demo_config, tmp_path):
