@@ -159,14 +159,18 @@ def _same_file(value):
 DEBUG = "VIDEOSFT_DEBUG"
 
 
-def exit_after(main) -> None:
+def exit_after(main, hard: bool = False) -> None:
     """Run a stage's ``main`` as the process and exit with its code, skipping the interpreter's
     final garbage collection of the large import graph (torch, transformers): about 1.3 s of every
     stage process (bench/RESULTS.md). Only for `python -m videosft.<stage>`, never in-process.
 
     A :class:`~videosft.errors.UserError` ends the process with its message and exit code 1, no
     traceback: the message says what is wrong and what to do (the run record keeps the traceback).
-    Every other exception is a bug and keeps its traceback; ``VIDEOSFT_DEBUG=1`` keeps it for all."""
+    Every other exception is a bug and keeps its traceback; ``VIDEOSFT_DEBUG=1`` keeps it for all.
+
+    ``hard`` ends the process without the interpreter's teardown once the stage's files are
+    written (the train stage: a rank has rarely aborted in the teardown of torch.distributed's
+    threads, "terminate called without an active exception", after all its work was done)."""
     try:
         code = main()
     except UserError as error:
@@ -175,6 +179,10 @@ def exit_after(main) -> None:
         print(f"error: {error}", file=sys.stderr)
         code = 1
     gc.freeze()
+    if hard:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
     sys.exit(code)
 
 

@@ -736,4 +736,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    exit_after(main)
+    exit_after(main, hard=True)
