@@ -37,6 +37,7 @@ import pyarrow.parquet as pq
 from matplotlib.figure import Figure  # figures without pyplot: no global state, no display
 
 from . import config as config_lib
+from .evaluate import COUNTS  # window counts, not metrics
 from .preprocess import read_metadata, read_samples, sample_files
 from .provenance import exit_after, run_record, stage_parser
 
@@ -508,7 +509,6 @@ def load_figure(inputs: Inputs, out_dir: Path, fmt: str) -> Outcome:
 
 
 LOWER_IS_BETTER = {"unparseable_rate", "degenerate_rate", "false_keep_rate", "lenient_false_keep_rate"}
-COUNTS = {"num_samples", "moment_windows", "empty_windows"}  # window counts, not metrics
 
 
 def evaluation_rows(evaluation: dict) -> list[tuple[str, float | None, float | None]]:
