@@ -2,8 +2,8 @@
 
 The answer parser is :func:`videosft.chat.parse_answer`, the one the preprocess stage's format
 comes from. An answer that does not parse scores zero (as lmms-eval's Charades task does); a
-degenerate one (a token or a short run of tokens repeated, or no end token within the budget,
-as the field notes saw with ``<argmax>11</argmax>``) is counted as such too. Every metric is also
+degenerate one (:func:`videosft.generation.is_degenerate`: a token or a short run of tokens
+repeated, or no end token within the budget) is counted as such too. Every metric is also
 given for a lenient reading (:func:`videosft.chat.parse_answer_lenient`, prefixed ``lenient_``),
 so that a model answering in prose is not scored zero for its wording, and beside the answers
 of the models stand constant answers (:func:`constant_baselines`): what a model that ignores the
@@ -12,56 +12,18 @@ video scores on the same windows.
 
 from __future__ import annotations
 
-from .chat import IGNORE_INDEX, generated_answer, parse_answer, parse_answer_lenient
+from .chat import parse_answer, parse_answer_lenient
+from .generation import greedy_answers, prompt_of
 from .metrics import r1_iou, window_metrics
 
-# A token repeated this many times in a row, or an n-gram (n <= 4) repeated this many times in a
-# row, makes an answer degenerate.
-REPEATS = 4
 
-
-def prompt_of(row: dict) -> dict:
-    """The sample up to the assistant's answer: what the model sees before it must answer."""
-    start = next(i for i, label in enumerate(row["labels"]) if label != IGNORE_INDEX)
-    return {**row, "input_ids": row["input_ids"][:start], "labels": [IGNORE_INDEX] * start,
-            "mm_token_type_ids": row["mm_token_type_ids"][:start]}
-
-
-def is_degenerate(tokens: list[int], ended: bool) -> bool:
-    if not ended:
-        return True
-    for n in range(1, 5):
-        for start in range(len(tokens) - n * REPEATS + 1):
-            gram = tokens[start:start + n]
-            if all(tokens[start + k * n:start + (k + 1) * n] == gram for k in range(1, REPEATS)):
-                return True
-    return False
-
-
-def generate(model, rows: list[dict], tokenizer, max_new_tokens: int, collate, think_block: str = "prompt") -> list[dict]:
-    """Greedy answers, with the raw text, whether they parse and whether they degenerate. Where the
-    answers were trained to begin with the empty think block (``think_block`` "answer"), it is cut
-    off before parsing."""
-    import torch
-
-    end_id = tokenizer.convert_tokens_to_ids("<|im_end|>")
-    device = next(model.parameters()).device
-    answers = []
-    for row in rows:
-        batch = {k: v.to(device) for k, v in collate([prompt_of(row)], tokenizer.pad_token_id or 0).items()
-                 if k != "labels"}
-        with torch.no_grad():
-            output = model.generate(**batch, max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=end_id,
-                                    pad_token_id=tokenizer.pad_token_id)
-        new = output[0, batch["input_ids"].shape[1]:].tolist()
-        ended = end_id in new
-        tokens = new[: new.index(end_id)] if ended else new
-        text = tokenizer.decode(tokens)
-        answer = generated_answer(text) if think_block == "answer" else text
-        answers.append({"window_id": row["window_id"], "text": text, "predicted": parse_answer(answer),
-                        "lenient": parse_answer_lenient(answer), "target": [tuple(r) for r in row["keep_local"]],
-                        "degenerate": is_degenerate(tokens, ended)})
-    return answers
+def window_answers(model, rows: list[dict], tokenizer, max_new_tokens: int, think_block: str = "prompt") -> list[dict]:
+    """Greedy answers (:func:`videosft.generation.greedy_answers`, one window at a time) with the
+    raw text, whether and what they parse to, strictly and leniently, and whether they degenerate."""
+    generated = greedy_answers(model, [prompt_of(row) for row in rows], tokenizer, max_new_tokens, think_block)
+    return [{"window_id": row["window_id"], "text": answer["text"], "predicted": parse_answer(answer["answer"]),
+             "lenient": parse_answer_lenient(answer["answer"]), "target": [tuple(r) for r in row["keep_local"]],
+             "degenerate": answer["degenerate"]} for row, answer in zip(rows, generated)]
 
 
 def score(answers: list[dict]) -> dict:
@@ -100,12 +62,12 @@ def constant_baselines(rows: list[dict]) -> dict:
             "best_constant_range": {"range": list(best_range), **scored([[best_range]] * len(rows))}}
 
 
-def evaluate(model, rows: list[dict], tokenizer, max_new_tokens: int, collate, think_block: str = "prompt") -> dict:
+def evaluate(model, rows: list[dict], tokenizer, max_new_tokens: int, think_block: str = "prompt") -> dict:
     """Base (adapter disabled) and fine-tuned answers on the same windows, scored alike, beside the
     constant answers' scores."""
     with model.disable_adapter():
-        base = generate(model, rows, tokenizer, max_new_tokens, collate, think_block)
-    tuned = generate(model, rows, tokenizer, max_new_tokens, collate, think_block)
+        base = window_answers(model, rows, tokenizer, max_new_tokens, think_block)
+    tuned = window_answers(model, rows, tokenizer, max_new_tokens, think_block)
     return {"windows": len(rows), "base": score(base), "fine_tuned": score(tuned),
             "baselines": constant_baselines(rows),
             "answers": [{"window_id": b["window_id"], "target": b["target"], "base": b["text"], "fine_tuned": t["text"]}

@@ -3,10 +3,11 @@
 Each video is cut into windows by the window stage's rules (``window.*``; a ``drop`` tail is
 read as ``shift``, so that no second goes unjudged), every window's prompt is built by the same
 code as the training samples (:func:`videosft.encoding.build_sample`: budget, layout, time base,
-chat template), the model answers greedily in left-padded batches with its KV cache (bf16 on a
-GPU), each answer is parsed by the training format's parser, moved to source time and merged
-across overlapping windows (:mod:`videosft.cutlist` states the rule). Per video it writes
-``keep.json`` (the source-time ranges; per window its raw answer, parse status and ranges) and
+chat template), the model answers greedily in left-padded batches with its KV cache
+(:func:`videosft.generation.greedy_answers`, as in the verify stage's evaluation; bf16 on a GPU),
+each answer is parsed by the training format's parser, moved to source time and merged across
+overlapping windows (:mod:`videosft.cutlist` states the rule). Per video it writes ``keep.json``
+(the source-time ranges; per window its answer, parse status, degeneracy and ranges) and
 the timeline as ``.otio``, ``.edl`` (CMX 3600) and ``.xml`` (Final Cut Pro 7), each clip
 referencing the source file; with ``predict.render: true`` also the cut video. A video that
 cannot be decoded, or a window that cannot be encoded, is recorded with its reason; the others
@@ -25,11 +26,11 @@ from pathlib import Path
 
 from . import config as config_lib
 from .budget import resolve_budget
-from .chat import generated_answer, parse_answer
+from .chat import parse_answer
 from .cutlist import merge_votes, timeline, timeline_rate, to_source, write_timelines
 from .encoding import build_sample, processor_geometry
 from .errors import ConfigError
-from .evaluate import prompt_of
+from .generation import greedy_answers, prompt_of
 from .metrics import source_time_metrics
 from .provenance import exit_after, run_record, stage_parser, write_json
 from .rejects import Rejects
@@ -90,27 +91,6 @@ def load_model(cfg: dict, adapter: Path | None):
     return model.eval()
 
 
-def generate(model, prompts: list[dict], tokenizer, max_new_tokens: int, think_block: str) -> list[str]:
-    """Greedy answers of a batch of prompts (left-padded, KV cache), as text."""
-    import torch
-
-    from .batches import collate
-
-    end_id = tokenizer.convert_tokens_to_ids("<|im_end|>")
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    device = next(model.parameters()).device
-    batch = {k: v.to(device) for k, v in collate(prompts, pad_id, left=True).items() if k != "labels"}
-    with torch.no_grad():
-        output = model.generate(**batch, max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=end_id,
-                                pad_token_id=pad_id, use_cache=True)
-    answers = []
-    for row in output[:, batch["input_ids"].shape[1]:].tolist():
-        tokens = row[: row.index(end_id)] if end_id in row else row
-        text = tokenizer.decode(tokens)
-        answers.append(generated_answer(text) if think_block == "answer" else text)
-    return answers
-
-
 def window_prompts(video: VideoFile, windows: list[dict], processor, cfg: dict,
                    rejects: Rejects) -> tuple[list[dict], list[dict]]:
     """Each window's prompt, made as its training sample is (the answer cut off), and a result
@@ -145,17 +125,15 @@ def predict_video(path: Path, windows: list[dict] | None, model, processor, cfg:
     prompts, results = window_prompts(video, windows, processor, cfg, rejects)
     timings["decode_and_encode"] += time.perf_counter() - started
     started = time.perf_counter()
-    batch_size = cfg["predict"]["batch_size"]
-    for first in range(0, len(prompts), batch_size):
-        texts = generate(model, prompts[first:first + batch_size], processor.tokenizer,
-                         cfg["predict"]["max_new_tokens"], cfg["prompt"]["think_block"])
-        for result, text in zip(results[first:first + batch_size], texts):
-            local = parse_answer(text)
-            result.update(answer=text, parsed=local is not None, ranges_local=local,
-                          ranges=None if local is None else to_source(local, result["start"], result["end"]))
-            if local is None:
-                rejects.add(result["window_id"], f"answer {text!r} is not in the answer format; the window "
-                            "abstains from the merge", video=name)
+    answers = greedy_answers(model, prompts, processor.tokenizer, cfg["predict"]["max_new_tokens"],
+                             cfg["prompt"]["think_block"], cfg["predict"]["batch_size"])
+    for result, answer in zip(results, answers):
+        text, local = answer["answer"], parse_answer(answer["answer"])
+        result.update(answer=text, parsed=local is not None, degenerate=answer["degenerate"], ranges_local=local,
+                      ranges=None if local is None else to_source(local, result["start"], result["end"]))
+        if local is None:
+            rejects.add(result["window_id"], f"answer {text!r} is not in the answer format; the window "
+                        "abstains from the merge", video=name)
     timings["generate"] += time.perf_counter() - started
     ranges = merge_votes(results, cfg["predict"]["min_agreement"])
     fps = float(video.reader.get_avg_fps())

@@ -195,7 +195,7 @@ def verify(cfg: dict, adapter_dir: Path, samples_path: Path) -> dict:
     started = time.perf_counter()
     think_block = json.loads(Path(samples_path).read_text())["think_block"]
     evaluation = evaluate(model, val[: cfg["verify"]["eval_windows"] or len(val)], tokenizer,
-                          cfg["verify"]["max_new_tokens"], collate, think_block)
+                          cfg["verify"]["max_new_tokens"], think_block)
     evaluation["seconds"] = time.perf_counter() - started
     # merge_and_unload folds the adapter into the base: compared last, once nothing else needs it
     forward = forward_agreement(model, val[: cfg["verify"]["forward_samples"]], tokenizer.pad_token_id or 0)
