@@ -28,7 +28,7 @@ STAGE_SECTIONS = {
     "probe": ["model", "lora", "memory", "train:precision,gradient_checkpointing,offload_activations,gather_whole_blocks,fused_kernels,deepspeed_config"],
     "train": ["model", "lora", "train"],
     "verify": ["model", "verify"],
-    "report": [],  # reads only the other stages' outputs
+    "report": ["report"],  # and the other stages' outputs
     "predict": ["data", "model", "window", "video", "prompt", "predict"],
     "export": ["model", "export"],
 }

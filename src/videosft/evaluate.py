@@ -13,8 +13,8 @@ video scores on the same windows.
 from __future__ import annotations
 
 from .chat import parse_answer, parse_answer_lenient
-from .generation import greedy_answers, prompt_of
-from .metrics import r1_iou, window_metrics
+from .generation import REPEATS, greedy_answers, prompt_of
+from .metrics import WINDOW_METRIC_DEFINITIONS, r1_iou, window_metrics
 
 
 def window_answers(model, rows: list[dict], tokenizer, max_new_tokens: int, think_block: str = "prompt") -> list[dict]:
@@ -41,6 +41,22 @@ def score(answers: list[dict]) -> dict:
 
 
 COUNTS = ("moment_windows", "empty_windows", "num_samples")
+# What the keys of score() beyond window_metrics' measure (see definition()).
+ANSWER_DEFINITIONS = {
+    "well_formed_rate": "share of answers in the answer format (ascending a-b ranges in seconds, or none)",
+    "unparseable_rate": "share of answers not in the answer format; they score 0 (lower is better)",
+    "degenerate_rate": f"share of answers that repeat a token or a run of up to 4 tokens {REPEATS} times in a row, "
+                       "or do not end within verify.max_new_tokens (lower is better)",
+    "lenient_readable_rate": "share of answers in which the lenient reading finds ranges or a none",
+}
+
+
+def definition(metric: str) -> str:
+    """What a key of :func:`score` measures, for a report to put beside its value ("" if unknown)."""
+    strict = metric.removeprefix("lenient_")
+    if strict != metric and strict in WINDOW_METRIC_DEFINITIONS:
+        return f"{strict} with every answer read leniently (ranges found anywhere in the text, also in prose)"
+    return {**WINDOW_METRIC_DEFINITIONS, **ANSWER_DEFINITIONS}.get(metric, "")
 STEP = 0.1  # the answer format's resolution: constant ranges are searched on it
 
 

@@ -275,6 +275,20 @@ def window_metrics(samples: Iterable[Mapping], max_predictions: int | None = 10)
     return result
 
 
+# What each key of window_metrics measures, in words a report puts beside the number.
+WINDOW_METRIC_DEFINITIONS = {
+    **{f"R1@{t}": f"share of the windows with something to keep whose first answered range reaches IoU >= {t} "
+                  "with a range to keep (window-local seconds, the official R1 IoU)" for t in WINDOW_R1_THRESHOLDS},
+    "mIoU": "IoU (as for R1) of the first answered range with a range to keep, averaged over the windows with "
+            "something to keep (0 where the answer has no range or is not in the format)",
+    "mAP": "average precision of the answered ranges in their order, averaged over IoU 0.5:0.05:0.95 and over the "
+           "windows with something to keep",
+    "empty_accuracy": "share of the windows with nothing to keep answered with nothing (none)",
+    "false_keep_rate": "share of the windows with nothing to keep answered with ranges: footage an editor would keep "
+                       "that should go (lower is better)",
+}
+
+
 def _overlap(a: Sequence[Interval], b: Sequence[Interval]) -> float:
     """Seconds covered by both of two lists of disjoint ranges."""
     return sum(max(0.0, min(x[1], y[1]) - max(x[0], y[0])) for x in a for y in b)
@@ -303,3 +317,20 @@ def source_time_metrics(predicted: Mapping[Any, Sequence[Interval]],
                   keep_recall=both / wanted if wanted else None, videos=len(targets), moments=len(ious),
                   kept_seconds=kept, target_seconds=wanted)
     return result
+
+
+# What each key of source_time_metrics measures, in words a report puts beside the number.
+SOURCE_TIME_DEFINITIONS = {
+    **{f"R1@{t}": f"share of the moments to keep (annotated ranges, source seconds) that the best-matching range "
+                  f"of the cut list overlaps with IoU >= {t} (the official R1 IoU)" for t in WINDOW_R1_THRESHOLDS},
+    "mIoU": "IoU (as for R1) of each moment to keep with its best-matching kept range, averaged over the moments "
+            "(0 where nothing kept overlaps it)",
+    "keep_precision": "seconds kept that should be kept / seconds kept, over all videos: how much of the cut is "
+                      "wanted footage",
+    "keep_recall": "seconds kept that should be kept / seconds that should be kept, over all videos: how much of "
+                   "the wanted footage the cut holds",
+    "videos": "videos scored (one cut list per video and query)",
+    "moments": "ranges to keep in their annotations",
+    "kept_seconds": "seconds the cut lists keep",
+    "target_seconds": "seconds that should be kept",
+}

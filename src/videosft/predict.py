@@ -182,7 +182,10 @@ def predict(cfg: dict, adapter: Path | None, windows_path: Path | None, out: Pat
               f"{result['duration']:.1f} s kept, {sum(not w.get('parsed', True) for w in result['windows'])} of "
               f"{len(result['windows'])} answers unparseable", flush=True)
     windows = sum(len(r["windows"]) for r in results)
-    record["results"] = {"videos": len(videos), "predicted": len(results), "windows": windows,
+    record["results"] = {"source": cfg["predict"]["videos"], "model": cfg["model"]["path"],
+                         "adapter": None if adapter is None else str(adapter),
+                         "min_agreement": cfg["predict"]["min_agreement"],
+                         "videos": len(videos), "predicted": len(results), "windows": windows,
                          "rejects": rejects.summary(), "outputs": outputs, "seconds": timings,
                          "windows_per_second": windows / max(timings["decode_and_encode"] + timings["generate"], 1e-9)}
     if cfg["predict"]["videos"] == "val":

@@ -1,7 +1,7 @@
 """Stage 6, report: figures of what the other stages did, for ``snakemake --report report.html``.
 
-Reads the outputs of window, preprocess, probe, train and verify and draws one figure each
-(PNG by default) into ``--out``:
+Reads the outputs of window, preprocess, probe, train and verify (and, if given, predict) and
+draws one figure each (PNG by default) into ``--out``:
 
 ``windows``     windows per split, with and without something to keep, and samples after preprocess;
                 rejects per reason of the window and preprocess stages
@@ -10,8 +10,12 @@ Reads the outputs of window, preprocess, probe, train and verify and draws one f
 ``loss``        training loss per rank over the steps
 ``memory``      peak memory per rank over the steps against the planner's prediction
 ``load``        checkpoint load and load-verification times of train and verify
-``evaluation``  base vs fine-tuned for every metric of the verify stage's evaluation, also written as
-                ``evaluation.html`` and ``evaluation.csv``
+``evaluation``  base vs fine-tuned for every metric of the verify stage's evaluation per window, and
+                beside it the predict stage's scores of its merged cut lists in source time (``--predict``,
+                when it predicted the val split; a folder of new videos has nothing to score, and the
+                report says so); also written as ``evaluation.html`` (both tables, every metric
+                defined beside its value, and the answers), ``evaluation.csv`` and
+                ``evaluation_source_time.csv``
 
 Every input is optional: a missing or empty one gives a figure that says so instead of a failure,
 and the run record lists which figures are placeholders and why.
@@ -37,14 +41,15 @@ import pyarrow.parquet as pq
 from matplotlib.figure import Figure  # figures without pyplot: no global state, no display
 
 from . import config as config_lib
-from .evaluate import COUNTS  # window counts, not metrics
+from .evaluate import COUNTS, definition  # COUNTS: window counts, not metrics
+from .metrics import SOURCE_TIME_DEFINITIONS, WINDOW_R1_THRESHOLDS
 from .preprocess import read_metadata, read_samples, sample_files
 from .provenance import exit_after, run_record, stage_parser
 
 matplotlib.use("Agg")  # files only; never a display
 
 FIGURES = ("windows", "tokens", "loss", "memory", "load", "evaluation")
-TABLES = ("evaluation.html", "evaluation.csv")
+TABLES = ("evaluation.html", "evaluation.csv", "evaluation_source_time.csv")
 SPLITS = ("train", "val")
 SAMPLE_FACTS = (  # column, axis label
     ("frames", "frames per sample"),
@@ -71,6 +76,7 @@ class Inputs:
     probe: Path | None = None
     train: Path | None = None  # the train stage's run_record.json; steps.rank*.jsonl lie beside it
     verify: Path | None = None
+    predict: Path | None = None  # the predict stage's summary.json: scored in source time for the val split
 
     @classmethod
     def under(cls, results: Path) -> "Inputs":
@@ -84,6 +90,7 @@ class Inputs:
             probe=results / "probe" / "probe.json",
             train=results / "train" / "run_record.json",
             verify=results / "verify" / "verify.json",
+            predict=results / "predict" / "summary.json",
         )
 
     def described(self) -> dict[str, dict[str, Any]]:
@@ -505,25 +512,115 @@ def load_figure(inputs: Inputs, out_dir: Path, fmt: str) -> Outcome:
 
 
 # ----------------------------------------------------------------------------------------------
-# 6. evaluation
+# 6. evaluation: per window (verify) and, where predict scored its cut lists, in source time
 
 
 LOWER_IS_BETTER = {"unparseable_rate", "degenerate_rate", "false_keep_rate", "lenient_false_keep_rate"}
+SOURCE_TIME_SCORES = [f"R1@{t}" for t in WINDOW_R1_THRESHOLDS] + ["mIoU", "keep_precision", "keep_recall"]
+SOURCE_TIME_COUNTS = ["videos", "moments", "kept_seconds", "target_seconds"]
+
+
+def number(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
 def evaluation_rows(evaluation: dict) -> list[tuple[str, float | None, float | None]]:
     """(metric, base, fine-tuned) for every numeric metric; the sample count is left out."""
     base, tuned = evaluation.get("base") or {}, evaluation.get("fine_tuned") or {}
     names = [k for k in base if k not in COUNTS] + [k for k in tuned if k not in base and k not in COUNTS]
-
-    def number(value):
-        return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
-
     rows = [(name, number(base.get(name)), number(tuned.get(name))) for name in names]
     return [row for row in rows if row[1] is not None or row[2] is not None]
 
 
-def write_tables(evaluation: dict | None, reason: str | None, out_dir: Path) -> list[str]:
+@dataclass
+class SourceTime:
+    """The predict stage's scores of its merged cut lists in source time, or why there are none."""
+
+    evaluation: dict | None
+    note: str  # what was scored, or why nothing was
+
+    def rows(self) -> list[tuple[str, float | None]]:
+        """(metric, value) for the scores, then the counts behind them; None where nothing counts."""
+        evaluation = self.evaluation or {}
+        return [(name, number(evaluation.get(name))) for name in SOURCE_TIME_SCORES + SOURCE_TIME_COUNTS
+                if name in evaluation]
+
+
+def source_time(inputs: Inputs) -> SourceTime:
+    if inputs.predict is None:
+        return SourceTime(None, "not part of this report: the workflow adds it with report.source_time: true, "
+                          "which predicts the val split (python -m videosft.report takes --predict "
+                          "results/predict/summary.json)")
+    summary, reason = optional(lambda: read_json(inputs.predict, "predict summary"))
+    if summary is None:
+        return SourceTime(None, reason)
+    evaluation = summary.get("evaluation")
+    if not evaluation:
+        return SourceTime(None, f"nothing to score: predict cut {summary.get('predicted', '?')} of "
+                          f"{summary.get('videos', '?')} new videos ({summary.get('source', 'not the val split')}), "
+                          "which have no annotations. Predict with predict.videos: val to score cut lists.")
+    model = f"model {summary.get('model', '?')}" + (f" + adapter {summary['adapter']}" if summary.get("adapter")
+                                                      else "")
+    return SourceTime(evaluation, f"The predict stage's cut lists of the {evaluation.get('videos')} val videos "
+                      f"({model}): each window answered, moved to source time and merged across windows "
+                      f"(predict.min_agreement {summary.get('min_agreement', '?')}), scored against the "
+                      f"annotations' {evaluation.get('moments')} ranges to keep in source seconds")
+
+
+def evaluation_figure(inputs: Inputs, out_dir: Path, fmt: str) -> Outcome:
+    verify, reason = optional(lambda: read_json(inputs.verify, "verify"))
+    evaluation = (verify or {}).get("evaluation")
+    if verify is not None and not evaluation:
+        reason = f"{inputs.verify} has no evaluation"
+    source = source_time(inputs)
+    tables = write_tables(evaluation, reason, source, out_dir)
+    # the chart shows the strict reading; the tables have the lenient one too
+    rows = [row for row in evaluation_rows(evaluation) if not row[0].startswith("lenient_")] if evaluation else []
+    scores = [(name, value) for name, value in source.rows() if name in SOURCE_TIME_SCORES]
+    if not rows and not scores:
+        raise Missing(reason or "the evaluation has no metrics")
+    fig = new_figure(max(8.0, 1.1 * len(rows) + 2) + (0.9 * len(scores) + 1 if scores else 0), 5.0)
+    axes = fig.subplots(1, 2, width_ratios=[max(len(rows), 3), len(scores)]) if scores else [fig.add_subplot()]
+    ax = axes[0]
+    if rows:
+        x = np.arange(len(rows))
+        width = 0.4
+        for offset, column, label, color in ((-width / 2, 1, "base", "#B0B0B0"),
+                                             (width / 2, 2, "fine-tuned", "#4C72B0")):
+            values = [row[column] if row[column] is not None else math.nan for row in rows]
+            label_bars(ax, ax.bar(x + offset, values, width, label=label, color=color), fmt="{:.2f}")
+        ax.set_xticks(x, [row[0] + ("\n(lower is better)" if row[0] in LOWER_IS_BETTER else "") for row in rows],
+                      rotation=20, ha="right")
+        ax.set_ylabel("value (fractions in [0, 1])")
+        values = [v for row in rows for v in row[1:] if v is not None]
+        if values and 0 <= min(values) and max(values) <= 1:
+            ax.set_ylim(0, 1.12)
+        windows = evaluation.get("windows", dig(evaluation, "base", "num_samples"))
+        ax.set_xlim(-0.8, len(rows) - 0.2)
+        ax.legend()
+        ax.grid(axis="y", alpha=0.3)
+    else:
+        axis_note(ax, f"no window-level evaluation\n{reason}")
+        windows = None
+    ax.set_title(f"Per window: {'the' if windows is None else windows} val windows, base vs fine-tuned",
+                 fontsize=12)
+    if scores:
+        right = axes[1]
+        values = [math.nan if value is None else value for _, value in scores]
+        label_bars(right, right.bar(np.arange(len(scores)), values, 0.6, color="#55A868"), fmt="{:.2f}")
+        right.set_xticks(np.arange(len(scores)), [name for name, _ in scores], rotation=20, ha="right")
+        right.set_ylim(0, 1.12)
+        right.set_ylabel("value (fractions in [0, 1])")
+        right.grid(axis="y", alpha=0.3)
+        right.set_title(f"In source time: {source.evaluation.get('videos')} val videos' cut lists (predict)",
+                        fontsize=12)
+    fig.suptitle("Evaluation", fontsize=13)
+    return Outcome(files=[save(fig, out_dir, "evaluation", fmt), *tables])
+
+
+def write_tables(evaluation: dict | None, reason: str | None, source: SourceTime, out_dir: Path) -> list[str]:
+    """evaluation.csv (per window), evaluation_source_time.csv and evaluation.html with both, every
+    metric with its definition."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     rows = evaluation_rows(evaluation) if evaluation else []
@@ -533,39 +630,58 @@ def write_tables(evaluation: dict | None, reason: str | None, out_dir: Path) -> 
 
     with open(out_dir / "evaluation.csv", "w", newline="") as handle:
         writer = csv.writer(handle)
-        writer.writerow(["metric", "base", "fine_tuned", "difference"])
+        writer.writerow(["metric", "base", "fine_tuned", "difference", "definition"])
         for name, base, tuned in rows:
             writer.writerow([name, cell(base), cell(tuned),
-                             cell(tuned - base) if base is not None and tuned is not None else ""])
-    parts = ["<!DOCTYPE html>", "<html><head><meta charset='utf-8'><title>Evaluation: base vs fine-tuned</title>",
+                             cell(tuned - base) if base is not None and tuned is not None else "", definition(name)])
+    with open(out_dir / "evaluation_source_time.csv", "w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["metric", "value", "definition"])
+        for name, value in source.rows():
+            writer.writerow([name, cell(value), SOURCE_TIME_DEFINITIONS.get(name, "")])
+    parts = ["<!DOCTYPE html>", "<html><head><meta charset='utf-8'><title>Evaluation</title>",
              "<style>body{font-family:sans-serif;margin:1.5em}table{border-collapse:collapse;margin-bottom:1.5em}"
              "td,th{border:1px solid #bbb;padding:4px 10px}td.n{text-align:right;font-family:monospace}"
              "th{background:#eee}td.t{font-family:monospace;white-space:pre-wrap;max-width:40em}"
-             ".up{color:#1a7f37}.down{color:#c0392b}</style></head><body>"]
-    parts.append("<h2>Evaluation: base vs fine-tuned</h2>")
+             "td.d{color:#444;max-width:40em}.better{color:#1a7f37}.worse{color:#c0392b}</style></head><body>"]
+    parts.append("<h2>Evaluation per window: base vs fine-tuned</h2>")
     if not rows:
         parts.append(f"<p>No evaluation to show: {html.escape(reason or 'the verify stage recorded no metrics')}</p>")
     else:
         windows = evaluation.get("windows", dig(evaluation, "base", "num_samples"))
         parts.append(f"<p>{html.escape(str(windows))} validation windows, greedy decoding, window-local time "
                      "(from the verify stage).</p>")
-        parts.append("<table><tr><th>metric</th><th>base</th><th>fine-tuned</th><th>difference</th></tr>")
+        parts.append("<table><tr><th>metric</th><th>base</th><th>fine-tuned</th><th>difference</th>"
+                     "<th>definition</th></tr>")
         for name, base, tuned in rows:
             difference = tuned - base if base is not None and tuned is not None else None
-            css = "" if not difference else (" up" if difference > 0 else " down")
+            css = "" if not difference else \
+                " better" if (difference < 0 if name in LOWER_IS_BETTER else difference > 0) else " worse"
             parts.append(f"<tr><td>{html.escape(name)}</td><td class='n'>{cell(base)}</td><td class='n'>{cell(tuned)}"
-                         f"</td><td class='n{css}'>{'' if difference is None else f'{difference:+.4f}'}</td></tr>")
+                         f"</td><td class='n{css}'>{'' if difference is None else f'{difference:+.4f}'}</td>"
+                         f"<td class='d'>{html.escape(definition(name))}</td></tr>")
         parts.append("</table>")
-        answers = evaluation.get("answers") or []
-        if answers:
-            parts.append("<h3>Answers</h3><table><tr><th>window</th><th>target</th><th>base</th>"
-                         "<th>fine-tuned</th></tr>")
-            for answer in answers:
-                target = ", ".join(f"{s:.1f}-{e:.1f}" for s, e in answer.get("target") or []) or "none"
-                texts = [html.escape(_shown(answer.get(key))) for key in ("base", "fine_tuned")]
-                parts.append(f"<tr><td>{html.escape(str(answer.get('window_id')))}</td><td class='t'>{target}</td>"
-                             f"<td class='t'>{texts[0]}</td><td class='t'>{texts[1]}</td></tr>")
-            parts.append("</table>")
+    parts.append("<h2>Evaluation in source time: the cut lists</h2>")
+    parts.append(f"<p>{html.escape(source.note)}.</p>" if source.evaluation is not None else
+                 f"<p>No source-time evaluation to show: {html.escape(source.note)}</p>")
+    if source.evaluation is not None:
+        parts.append("<table><tr><th>metric</th><th>value</th><th>definition</th></tr>")
+        for name, value in source.rows():
+            shown = "-" if value is None else (f"{value:.1f}" if name.endswith("_seconds") else
+                                               f"{value:g}" if name in SOURCE_TIME_COUNTS else f"{value:.4f}")
+            parts.append(f"<tr><td>{html.escape(name)}</td><td class='n'>{shown}</td>"
+                         f"<td class='d'>{html.escape(SOURCE_TIME_DEFINITIONS.get(name, ''))}</td></tr>")
+        parts.append("</table>")
+    answers = (evaluation or {}).get("answers") or []
+    if rows and answers:
+        parts.append("<h3>Answers per window</h3><table><tr><th>window</th><th>target</th><th>base</th>"
+                     "<th>fine-tuned</th></tr>")
+        for answer in answers:
+            target = ", ".join(f"{s:.1f}-{e:.1f}" for s, e in answer.get("target") or []) or "none"
+            texts = [html.escape(_shown(answer.get(key))) for key in ("base", "fine_tuned")]
+            parts.append(f"<tr><td>{html.escape(str(answer.get('window_id')))}</td><td class='t'>{target}</td>"
+                         f"<td class='t'>{texts[0]}</td><td class='t'>{texts[1]}</td></tr>")
+        parts.append("</table>")
     parts.append("</body></html>")
     (out_dir / "evaluation.html").write_text("\n".join(parts) + "\n")
     return [str(out_dir / name) for name in TABLES]
@@ -577,38 +693,6 @@ def _shown(text: Any, limit: int = 200) -> str:
         return ""
     text = repr(str(text))[1:-1]
     return text if len(text) <= limit else text[:limit] + f"... ({len(text)} chars)"
-
-
-def evaluation_figure(inputs: Inputs, out_dir: Path, fmt: str) -> Outcome:
-    verify, reason = optional(lambda: read_json(inputs.verify, "verify"))
-    evaluation = (verify or {}).get("evaluation")
-    if verify is not None and not evaluation:
-        reason = f"{inputs.verify} has no evaluation"
-    tables = write_tables(evaluation, reason, out_dir)
-    # the chart shows the strict reading; the tables have the lenient one too
-    rows = [row for row in evaluation_rows(evaluation) if not row[0].startswith("lenient_")] if evaluation else []
-    if not rows:
-        raise Missing(reason or "the evaluation has no metrics")
-    fig = new_figure(max(8.0, 1.1 * len(rows) + 2), 5.0)
-    ax = fig.add_subplot()
-    x = np.arange(len(rows))
-    width = 0.4
-    for offset, column, label, color in ((-width / 2, 1, "base", "#B0B0B0"), (width / 2, 2, "fine-tuned", "#4C72B0")):
-        values = [row[column] if row[column] is not None else math.nan for row in rows]
-        label_bars(ax, ax.bar(x + offset, values, width, label=label, color=color), fmt="{:.2f}")
-    ax.set_xticks(x, [row[0] + ("\n(lower is better)" if row[0] in LOWER_IS_BETTER else "") for row in rows],
-                  rotation=20, ha="right")
-    ax.set_ylabel("value (fractions in [0, 1])")
-    values = [v for row in rows for v in row[1:] if v is not None]
-    if values and 0 <= min(values) and max(values) <= 1:
-        ax.set_ylim(0, 1.12)
-    windows = evaluation.get("windows", dig(evaluation, "base", "num_samples"))
-    ax.set_title(f"Evaluation on {'the' if windows is None else windows} validation windows: base vs fine-tuned",
-                 fontsize=13)
-    ax.set_xlim(-0.8, len(rows) - 0.2)
-    ax.legend()
-    ax.grid(axis="y", alpha=0.3)
-    return Outcome(files=[save(fig, out_dir, "evaluation", fmt), *tables])
 
 
 # ----------------------------------------------------------------------------------------------
@@ -642,11 +726,14 @@ def make_report(inputs: Inputs, out_dir: Path, fmt: str = "png") -> dict:
             outcome.files = [placeholder(out_dir, name, title, outcome.placeholder, fmt)] + \
                 [f for f in outcome.files if not f.endswith(f"{name}.{fmt}")]
         if name == "evaluation" and not all((out_dir / table).exists() for table in TABLES):
-            outcome.files += write_tables(None, outcome.placeholder, out_dir)
+            outcome.files += write_tables(None, outcome.placeholder, source_time(inputs), out_dir)
         figures[name] = {"files": outcome.files, "placeholder": outcome.placeholder, "notes": outcome.notes}
         state = f"placeholder ({outcome.placeholder})" if outcome.placeholder else "ok"
         print(f"report: {name}: {state}; " + ", ".join(Path(f).name for f in outcome.files), flush=True)
+    source = source_time(inputs)
+    print(f"report: source-time evaluation: {'shown' if source.evaluation else 'none'} ({source.note})", flush=True)
     return {"figures": figures, "inputs": inputs.described(), "format": fmt,
+            "source_time": {"shown": source.evaluation is not None, "note": source.note},
             "placeholders": sorted(n for n, f in figures.items() if f["placeholder"]), "problems": problems}
 
 
@@ -660,7 +747,9 @@ def main(argv: list[str] | None = None) -> int:
                             ("preprocess-rejects", "rejects.jsonl of the preprocess stage"),
                             ("probe", "probe.json of the probe stage"),
                             ("train", "run_record.json of the train stage (steps.rank*.jsonl are read beside it)"),
-                            ("verify", "verify.json of the verify stage")):
+                            ("verify", "verify.json of the verify stage"),
+                            ("predict", "summary.json of the predict stage (scored in source time when it "
+                             "predicted the val split)")):
         parser.add_argument(f"--{name}", type=Path, help=help_text)
     parser.add_argument("--format", choices=("png", "svg"), default="png", help="figure file format (default png)")
     args = parser.parse_args(argv)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import json
 import shutil
 from pathlib import Path
@@ -11,7 +12,7 @@ import pytest
 
 from conftest import stage_json
 from videosft import config as config_lib
-from videosft import export, predict
+from videosft import export, predict, report
 from videosft.cutlist import clip_ranges, merge_votes
 from videosft.preprocess import read_samples
 from videosft.rejects import Rejects
@@ -126,6 +127,22 @@ def test_every_val_video_gets_ranges_and_timelines_an_editor_opens(predicted, pr
     assert {"R1@0.5", "mIoU", "keep_precision", "keep_recall"} <= set(evaluation)
 
 
+def test_the_report_shows_the_source_time_evaluation_beside_the_window_level_one(predicted, tmp_path):
+    evaluation = json.loads((predicted / "evaluation.json").read_text())
+    result = report.make_report(report.Inputs(predict=predicted / "summary.json"), tmp_path)
+    assert result["source_time"]["shown"] and "val videos" in result["source_time"]["note"]
+    with open(tmp_path / "evaluation_source_time.csv") as handle:
+        rows = {row["metric"]: row for row in csv.DictReader(handle)}
+    assert set(rows) == {"R1@0.3", "R1@0.5", "R1@0.7", "mIoU", "keep_precision", "keep_recall", "videos", "moments",
+                         "kept_seconds", "target_seconds"}
+    for metric, row in rows.items():
+        value = evaluation[metric]
+        assert row["value"] == ("" if value is None else f"{value:.4f}") and row["definition"], metric
+    page = (tmp_path / "evaluation.html").read_text()
+    assert "Evaluation in source time" in page and "seconds kept that should be kept / seconds kept" in page
+    assert "No evaluation to show" in page  # no verify.json given: the window-level table says so
+
+
 def answers(out: Path) -> dict:
     return {w["window_id"]: w["answer"] for keep in out.rglob("keep.json")
             for w in json.loads(keep.read_text())["windows"]}
@@ -155,6 +172,13 @@ def test_a_broken_video_in_a_folder_is_recorded_and_the_others_go_on(demo_dir, d
     assert summary["videos"] == 2 and summary["predicted"] == 1 and list(summary["outputs"]) == [good.name]
     rejects = [json.loads(line) for line in (tmp_path / "out" / "rejects.jsonl").read_text().splitlines()]
     assert any("broken.mp4" in r["where"] and "could not be decoded" in r["error"] for r in rejects)
+
+    # new videos have no annotations: the report has nothing to score, says so, and shows no numbers
+    result = report.make_report(report.Inputs(predict=tmp_path / "out" / "summary.json"), tmp_path / "report")
+    assert not result["source_time"]["shown"] and "nothing to score" in result["source_time"]["note"]
+    assert (tmp_path / "report" / "evaluation_source_time.csv").read_text().splitlines() == ["metric,value,definition"]
+    page = (tmp_path / "report" / "evaluation.html").read_text()
+    assert "nothing to score: predict cut 1 of 2 new videos" in page and "keep_precision" not in page
 
 
 def test_export_merges_into_a_checkpoint_that_loads_and_answers_like_base_plus_adapter(prepared, demo_config,

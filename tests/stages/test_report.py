@@ -85,6 +85,22 @@ def write_verify(path: Path, evaluation: bool = True) -> Path:
     return path
 
 
+SOURCE_TIME = {"R1@0.3": 0.5, "R1@0.5": 0.25, "R1@0.7": 0.0, "mIoU": 0.3125, "keep_precision": 0.75,
+               "keep_recall": 0.6, "videos": 2, "moments": 4, "kept_seconds": 8.0, "target_seconds": 10.0}
+
+
+def write_predict(path: Path, evaluation: bool = True) -> Path:
+    """A predict stage's summary.json, shaped as predict.py writes it: for the val split, or (without
+    evaluation) for a folder of new videos."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    summary = {"source": "val" if evaluation else "/data/new", "model": "data/demo/model",
+               "adapter": "results/train/adapter", "min_agreement": 0.5, "videos": 2, "predicted": 2, "windows": 4}
+    if evaluation:
+        summary["evaluation"] = SOURCE_TIME
+    path.write_text(json.dumps(summary))
+    return path
+
+
 @pytest.fixture(scope="module")
 def inputs(prepared, tmp_path_factory) -> report.Inputs:
     """Real window / preprocess / probe outputs; train and verify outputs as those stages write them."""
@@ -101,6 +117,7 @@ def inputs(prepared, tmp_path_factory) -> report.Inputs:
         probe=prepared / "probe" / "probe.json",
         train=write_train(extra / "train"),
         verify=write_verify(extra / "verify" / "verify.json"),
+        predict=write_predict(extra / "predict" / "summary.json"),
     )
 
 
@@ -132,6 +149,7 @@ def test_svg_figures_keep_their_text(inputs, tmp_path):
     assert "predicted allocated" in texts["memory"] and "rank 1" in texts["loss"]
     assert "config video.max_tokens" in texts["tokens"]  # where the budget came from
     assert "window: FileNotFoundError" in texts["windows"] and "fine-tuned" in texts["evaluation"]
+    assert "keep_precision" in texts["evaluation"] and "In source time" in texts["evaluation"]
 
 
 def test_gpu_memory_is_drawn_against_the_prediction(inputs, tmp_path):
@@ -158,8 +176,10 @@ def test_missing_optional_inputs_give_placeholder_figures(inputs, tmp_path):
     assert "not found" in results["figures"]["loss"]["placeholder"]
     for name in FIGURES:
         assert_png(out / f"{name}.png")
-    assert "No evaluation to show" in (out / "evaluation.html").read_text()
-    assert (out / "evaluation.csv").read_text().splitlines() == ["metric,base,fine_tuned,difference"]
+    page = (out / "evaluation.html").read_text()
+    assert "No evaluation to show" in page and "report.source_time: true" in page  # how to add it
+    assert (out / "evaluation.csv").read_text().splitlines() == ["metric,base,fine_tuned,difference,definition"]
+    assert (out / "evaluation_source_time.csv").read_text().splitlines() == ["metric,value,definition"]
 
     nothing = tmp_path / "nothing"
     assert report.main(["--config", stage_json("report"), "--out", str(nothing)]) == 0  # no inputs at all
@@ -176,7 +196,7 @@ def test_empty_step_logs_and_a_verify_without_evaluation_give_placeholders(input
     record = json.loads(train.read_text())
     del record["results"]["memory"]
     train.write_text(json.dumps(record))
-    empty = report.Inputs(**{**vars(inputs), "train": train,
+    empty = report.Inputs(**{**vars(inputs), "train": train, "predict": None,
                              "verify": write_verify(tmp_path / "verify.json", evaluation=False)})
     result = report.make_report(empty, tmp_path / "out")
     assert result["placeholders"] == ["evaluation", "loss", "memory"] and result["problems"] == []
@@ -207,10 +227,19 @@ def test_the_evaluation_table_holds_base_and_fine_tuned_values(inputs, tmp_path)
         assert float(row["base"]) == pytest.approx(BASE[metric])
         assert float(row["fine_tuned"]) == pytest.approx(TUNED[metric])
         assert float(row["difference"]) == pytest.approx(TUNED[metric] - BASE[metric])
+        assert row["definition"], f"{metric} has no definition"
+    with open(tmp_path / "evaluation_source_time.csv") as handle:
+        source_rows = {row["metric"]: row for row in csv.DictReader(handle)}
+    assert set(source_rows) == set(SOURCE_TIME)
+    for metric, row in source_rows.items():
+        assert float(row["value"]) == pytest.approx(SOURCE_TIME[metric]) and row["definition"], metric
+    assert source_rows["keep_precision"]["definition"].startswith("seconds kept that should be kept / seconds kept")
     page = (tmp_path / "evaluation.html").read_text()
     assert "<table>" in page and "fine-tuned" in page
     for metric in rows:
         assert f"<td>{metric}</td><td class='n'>{BASE[metric]:.4f}</td><td class='n'>{TUNED[metric]:.4f}</td>" in page
+    assert "Evaluation in source time" in page and "<td>keep_recall</td><td class='n'>0.6000</td>" in page
+    assert "seconds kept that should be kept / seconds that should be kept" in page
     assert "2.0-8.0" in page and "\\n\\n&lt;x&gt;" in page  # answers, escaped, control characters shown
 
 

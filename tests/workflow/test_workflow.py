@@ -167,6 +167,17 @@ def test_predict_writes_cut_lists_for_every_demo_video(full_run):
         assert len(edl.find_clips()) == len(keep["ranges"])
     # the default, predict.videos: val, with its source-time evaluation: tests/stages/test_predict.py
 
+    # report.source_time puts predict's evaluation in the report: new videos have none, and it says so
+    (full_run / "shown.yaml").write_text("report: {source_time: true}\n")
+    shown = ["--configfile", "shown.yaml", "--config", "predict={'videos': 'data/demo/videos'}"]
+    assert planned_jobs(snakemake(full_run, "-n", *shown).stdout) == {"report": 1, "all": 1}
+    assert snakemake(full_run, "--cores", "2", *shown).returncode == 0
+    page = (full_run / "results/report/evaluation.html").read_text()
+    assert f"nothing to score: predict cut {len(videos)} of {len(videos)} new videos" in page
+    # for the val split the default run predicts first (without the switch it does not: the first line above)
+    assert planned_jobs(snakemake(full_run, "-n", "--configfile", "shown.yaml").stdout) == \
+        {"predict": 1, "report": 1, "all": 1}
+
 
 def test_an_interrupted_stage_is_found_and_rerun_with_rerun_incomplete(full_run):
     import signal

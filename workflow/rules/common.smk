@@ -96,3 +96,13 @@ def predict_inputs(wildcards):
 
 def predict_options(wildcards, input):
     return " ".join(f"--{name} {path}" for name, path in input.items() if name in ("adapter", "windows"))
+
+
+def report_inputs(wildcards):
+    """predict's summary when the report shows its source-time evaluation (report.source_time):
+    a declared input, so that the default run then predicts and reruns the report after it."""
+    return {"predict": rules.predict.output.summary} if config["report"]["source_time"] else {}
+
+
+def report_options(wildcards, input):
+    return f"--predict {input.predict}" if "predict" in input.keys() else ""

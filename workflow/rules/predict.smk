@@ -1,6 +1,8 @@
 rule predict:
-    """Cut lists for new videos (predict.videos): source-time ranges and editor timelines per video.
-    Not part of the default target: `snakemake --cores 2 predict`."""
+    """Cut lists for new videos (predict.videos): source-time ranges and editor timelines per video;
+    for the val split (the default) also their evaluation in source time.
+    Not part of the default target: `snakemake --cores 2 predict`; with report.source_time: true
+    the default run predicts too and the report shows that evaluation (rule report)."""
     input:
         unpack(predict_inputs),
         model=config_path("model.path"),

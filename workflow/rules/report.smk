@@ -2,8 +2,17 @@ report: "../report/workflow.rst"
 
 
 rule report:
-    """Figures of every stage's outputs; `snakemake --report report.html` embeds them."""
+    """Figures of every stage's outputs; `snakemake --report report.html` embeds them.
+
+    The evaluation table is the verify stage's, per window. With report.source_time: true the
+    report also shows the predict stage's evaluation in source time (its merged cut lists of the
+    val videos against the annotations) beside it: predict's summary becomes an input, so the
+    default run then also predicts (predict.videos, the val split by default), and a change to
+    predict reruns the report. Off (the default), predict stays out of the default run and the
+    table says how to add it; predict on a folder of new videos has nothing to score, and the
+    table says so."""
     input:
+        unpack(report_inputs),
         windows=rules.window.output.windows,
         window_rejects=rules.window.output.rejects,
         manifest=rules.preprocess.output.manifest,
@@ -48,20 +57,22 @@ rule report:
             "results/report/evaluation.png",
             caption="../report/evaluation.rst",
             category="3. Evaluation",
-            labels={"figure": "base vs fine-tuned (chart)"},
+            labels={"figure": "per window and in source time (chart)"},
         ),
         table=report(
             "results/report/evaluation.html",
             caption="../report/evaluation_table.rst",
             category="3. Evaluation",
-            labels={"figure": "base vs fine-tuned (table, answers)"},
+            labels={"figure": "per window and in source time (tables, definitions, answers)"},
         ),
         csv="results/report/evaluation.csv",
+        source_time_csv="results/report/evaluation_source_time.csv",
         record="results/report/run_record.json",
     params:
         job="report",
         cfg=stage_json("report"),
         out=output_dir,
+        predict=report_options,
     conda:
         ENV
     log:
@@ -72,4 +83,4 @@ rule report:
         "python -m videosft.report --config {params.cfg:q} --code {input.code} --job {params.job} --after {input.after} "
         "--windows {input.windows} --window-rejects {input.window_rejects} --manifest {input.manifest} "
         "--preprocess-rejects {input.preprocess_rejects} --probe {input.probe} --train {input.train} "
-        "--verify {input.verify} --out {params.out} > {log} 2>&1"
+        "--verify {input.verify} {params.predict} --out {params.out} > {log} 2>&1"
