@@ -29,15 +29,17 @@ import os
 import random
 import resource
 import shutil
+import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
+from . import autotune
 from . import config as config_lib
-from .chat import IGNORE_INDEX
 from .attention import batch_vision_attention
 from .batches import BatchesAhead, host_positions
+from .chat import IGNORE_INDEX
 from .errors import ConfigError, InputError
 from .fused import select_fused_kernels
 from .kernels import select_gated_delta_rule
@@ -47,6 +49,8 @@ from .memory import ModelFacts, SampleFacts, plan_peak
 from .preprocess import read_samples, sample_files
 from .provenance import exit_after, path_fingerprint, run_record, stage_parser, write_json
 from .sampling import Cursor, DataError, check_every_rank_has_a_batch, check_ledgers, epoch_plan
+
+PROCESS_STARTED = time.time()  # torch, deepspeed and the kernels import after this
 
 ADAPTER_FILES = {"adapter_model.safetensors", "adapter_config.json", "README.md"}
 WORKFLOW_MARKERS = {".snakemake_timestamp"}  # Snakemake stamps directory outputs with this
@@ -382,6 +386,7 @@ def build_engine(run: Run) -> Built:
     # The Gated-DeltaNet check binds a function of the modeling module and needs only the layers'
     # shapes: it runs on the meta-device model, before the weights take GPU memory (its fp32
     # reference took 3.1 GiB more at 64 frames, enough to break a 12 GiB card's plan).
+    autotuned = autotune.apply(run.device)  # before the kernel checks, the first to run fla's kernels
     gated_deltanet = select_gated_delta_rule(build_meta_model(model_dir), run.device, longest)
     started = time.perf_counter()
     model, _hf_ds_config = build_partitioned_model(model_dir, run.ds_config)
@@ -389,7 +394,7 @@ def build_engine(run: Run) -> Built:
     load["build_and_load_seconds"] = time.perf_counter() - started
     kernels = {"gated_deltanet": gated_deltanet,
                "fused": select_fused_kernels(model, run.device, longest, train_cfg["fused_kernels"]),
-               "vision_attention_batched": batch_vision_attention(model)}
+               "vision_attention_batched": batch_vision_attention(model), "autotune": autotuned}
     if run.rank == 0:
         fused = {kind: impl for kind, impl in kernels["fused"]["implementation"].items() if impl}
         print(f"Gated-DeltaNet: {kernels['gated_deltanet']['implementation']}; fused kernels: {fused}", flush=True)
@@ -483,9 +488,12 @@ def run_steps(run: Run, built: Built, cursor: Cursor, first_step: int, identity:
             "input_tokens": [r["input_tokens"] for r in consumed],
             "supervised_tokens": [r["supervised_tokens"] for r in consumed],
             "step_seconds": elapsed, "tokens_per_second": tokens / elapsed, **memory,
+            "since_start_s": time.time() - PROCESS_STARTED,  # a first run's cost shows at step 0
         }
         steps_log.write(json.dumps(entry) + "\n")
         steps_log.flush()
+        if step == first_step and rank == 0 and device.type == "cuda":
+            save_autotune_choices(run, built)  # complete after one step; kept even if the run dies later
         if rank == 0:
             print(f"step {step}: loss {step_loss:.4f} lr {entry['lr']:.2e} grad norm {entry['grad_norm']} "
                   f"{elapsed:.2f} s", flush=True)
@@ -513,6 +521,8 @@ def finish(run: Run, built: Built, progress: Progress, resumed_from_step: int | 
     final_lora = gathered_lora_state(built.engine.module)
     if run.rank == 0:
         save_adapter(built.engine.module, final_lora, run.out / "adapter")
+        if run.device.type == "cuda":
+            save_autotune_choices(run, built)
     all_peaks = [None] * run.world
     torch_dist.all_gather_object(all_peaks, progress.peaks)
     torch_dist.barrier()
@@ -531,6 +541,11 @@ def finish(run: Run, built: Built, progress: Progress, resumed_from_step: int | 
         "memory": memory_comparison(run.probe, run.rows, run.world, run.ds_config, run.precision, train_cfg,
                                     all_peaks, kernel_set(built.kernels)),
     }
+
+
+def save_autotune_choices(run: Run, built: Built) -> None:
+    """This GPU model's autotuning choices as a table a later run can restore (autotune.ENV)."""
+    built.kernels["autotune"]["saved_kernels"] = autotune.save(run.out / "autotune.json", run.device, " ".join(sys.argv))
 
 
 def kernel_set(kernels: dict) -> str:

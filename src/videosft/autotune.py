@@ -1,0 +1,150 @@
+"""fla's Triton autotuning choices, kept per GPU model so that a fresh machine does not autotune again.
+
+Each of fla's autotuned kernels benchmarks all its candidate configurations (block sizes, warps,
+pipeline stages) the first time it meets a key (the shapes and dtypes it is tuned on) and keeps
+the winner in its own choice cache. On a fresh H200 that cost 323 s and 365 compiles before the
+first training step (bench/RESULTS.md, issue 18); Triton's cache directory, which a fresh machine
+does not have, is the only place the choices survive. Here they survive in a table per GPU model:
+
+* :func:`save` writes the choices every autotuner made in this process (the train stage writes
+  ``results/train/autotune.json`` on rank 0 whenever fla ran);
+* :func:`restore` puts a table's choices back into the autotuners' choice caches, exactly where
+  autotuning would have put them, so each kernel compiles once and runs without benchmarking.
+  A choice is restored only if the installed kernel still offers that configuration; keys the
+  table does not hold (other shapes, another model) autotune as before.
+
+``VIDEOSFT_AUTOTUNE`` picks the table: ``table`` (default) the one shipped for this GPU model in
+``autotune_tables/<GPU>.json``, if any; ``full`` none (autotune everything); or a table's path (a
+``results/train/autotune.json`` from a run on the same GPU model).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import json
+import os
+import re
+import sys
+from pathlib import Path
+
+from .errors import ConfigError
+
+ENV = "VIDEOSFT_AUTOTUNE"
+TABLES = Path(__file__).with_name("autotune_tables")
+VERSION = 1
+
+
+def gpu_model(device) -> str:
+    """The file-name form of the GPU model's name ('NVIDIA H200' -> 'NVIDIA_H200')."""
+    import torch
+
+    return re.sub(r"[^0-9A-Za-z]+", "_", torch.cuda.get_device_name(device)).strip("_")
+
+
+def autotuners(prefix: str = "fla") -> dict[str, object]:
+    """Every Triton autotuner defined in the loaded modules under ``prefix``, by 'module.kernel'."""
+    from triton.runtime.autotuner import Autotuner
+
+    found = {}
+    for name, module in list(sys.modules.items()):
+        if module is None or not (name == prefix or name.startswith(prefix + ".")):
+            continue
+        for value in list(vars(module).values()):
+            for _ in range(4):  # an autotuner may sit under @triton.heuristics wrappers
+                if isinstance(value, Autotuner):
+                    kernel = value.base_fn
+                    found[f"{kernel.__module__}.{kernel.__name__}"] = value
+                    break
+                value = getattr(value, "fn", None)
+    return found
+
+
+def describe(config) -> dict:
+    """A Triton config as JSON: what distinguishes one candidate from another."""
+    return {"kwargs": dict(config.kwargs), "num_warps": config.num_warps, "num_stages": config.num_stages,
+            "num_ctas": getattr(config, "num_ctas", 1), "maxnreg": getattr(config, "maxnreg", None)}
+
+
+def choices(tuners: dict[str, object]) -> dict[str, list]:
+    """Per kernel, [key, config] for every key autotuned (or restored) in this process."""
+    return {name: [[list(key), describe(config)] for key, config in tuner.cache.items()]
+            for name, tuner in sorted(tuners.items()) if tuner.cache}
+
+
+def restore(kernels: dict[str, list], tuners: dict[str, object]) -> dict:
+    """Fill the autotuners' choice caches from a table's ``kernels``; counts of what was and was not restored."""
+    restored, stale, absent = 0, [], []
+    for name, entries in kernels.items():
+        tuner = tuners.get(name)
+        if tuner is None:
+            absent.append(name)
+            continue
+        candidates = {json.dumps(describe(config), sort_keys=True, default=str): config for config in tuner.configs}
+        for key, config in entries:
+            match = candidates.get(json.dumps(config, sort_keys=True, default=str))
+            if match is None:
+                stale.append(name)
+                continue
+            tuner.cache.setdefault(tuple(key), match)
+            restored += 1
+    return {"restored": restored, "stale": sorted(set(stale)), "absent": sorted(absent)}
+
+
+def versions() -> dict:
+    from importlib.metadata import PackageNotFoundError, version
+
+    found = {}
+    for package in ("triton", "fla-core"):
+        try:
+            found[package] = version(package)
+        except PackageNotFoundError:
+            found[package] = None
+    return found
+
+
+def table_path(device, requested: str | None = None) -> Path | None:
+    requested = requested or os.environ.get(ENV, "table")
+    if requested == "full":
+        return None
+    if requested == "table":
+        path = TABLES / f"{gpu_model(device)}.json"
+        return path if path.exists() else None
+    path = Path(requested)
+    if not path.is_file():
+        raise ConfigError(f"{ENV}={requested}: no such file; give a results/train/autotune.json of a run on this "
+                          "GPU model, 'table' (the shipped one, if any) or 'full'")
+    return path
+
+
+def apply(device, requested: str | None = None) -> dict:
+    """Restore this GPU model's table into fla's autotuners; what the run record keeps. Call it before
+    any of fla's kernels runs (the kernel checks are the first)."""
+    record = {"requested": requested or os.environ.get(ENV, "table"), "table": None, "restored": 0}
+    if device.type != "cuda" or importlib.util.find_spec("fla") is None:
+        return record
+    try:
+        importlib.import_module("fla")  # defines every autotuner: its layers import all of its kernels
+    except Exception as error:  # noqa: BLE001 - the kernel selection reports a broken fla, with its remedy
+        record["error"] = f"fla does not import: {type(error).__name__}: {error}"
+        return record
+    path = table_path(device, requested)
+    if path is None:
+        return record
+    try:
+        table = json.loads(path.read_text())
+        kernels = table["kernels"]
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise ConfigError(f"{path}: not an autotune table ({error}); remove it or set {ENV}=full") from None
+    record.update(table=str(path), table_versions=table.get("versions"), installed_versions=versions(),
+                  **restore(kernels, autotuners()))
+    return record
+
+
+def save(path: Path, device, command: str = "") -> int:
+    """Write this process's autotuning choices as a table for this GPU model; the number of kernels."""
+    kernels = choices(autotuners())
+    if kernels:
+        path.write_text(json.dumps({"version": VERSION, "gpu": gpu_model(device), "versions": versions(),
+                                    "written_by": command, "kernels": kernels}, indent=1, default=str) + "\n")
+    return len(kernels)

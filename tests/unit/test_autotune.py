@@ -1,0 +1,87 @@
+"""Autotuning choices saved and restored (videosft.autotune), on real Triton autotuners.
+
+Nothing here runs a kernel (no GPU): restoring fills the choice cache that Triton's own
+``Autotuner.run`` consults before benchmarking, which is what these tests look at.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import triton
+import triton.language as tl
+
+from videosft import autotune
+from videosft.errors import ConfigError
+
+CONFIGS = [triton.Config({"BLOCK": 16}, num_warps=2), triton.Config({"BLOCK": 32}, num_warps=4, num_stages=3)]
+
+
+@triton.autotune(configs=CONFIGS, key=["n"])
+@triton.jit
+def scale_kernel(x_ptr, n, BLOCK: tl.constexpr):
+    offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(x_ptr + offsets, tl.load(x_ptr + offsets, mask=offsets < n) * 2, mask=offsets < n)
+
+
+NAME = f"{__name__}.scale_kernel"
+KEY = (4096, "torch.bfloat16")
+
+
+@pytest.fixture(autouse=True)
+def empty_cache():
+    scale_kernel.cache.clear()
+    yield
+    scale_kernel.cache.clear()
+
+
+def test_finds_the_autotuners_of_a_module_tree_by_kernel_name():
+    tuners = autotune.autotuners(prefix=__name__)
+    assert tuners == {NAME: scale_kernel}
+
+
+def test_restores_a_choice_as_the_kernels_own_candidate():
+    table = {NAME: [[list(KEY), autotune.describe(CONFIGS[1])]]}
+    summary = autotune.restore(table, autotune.autotuners(prefix=__name__))
+    assert summary == {"restored": 1, "stale": [], "absent": []}
+    assert scale_kernel.cache == {KEY: CONFIGS[1]}
+    assert scale_kernel.cache[KEY] is CONFIGS[1]  # the object Triton would have picked, hooks and all
+
+
+def test_a_choice_the_kernel_no_longer_offers_or_an_unknown_kernel_is_counted_not_restored():
+    gone = autotune.describe(triton.Config({"BLOCK": 64}, num_warps=8))
+    table = {NAME: [[list(KEY), gone]], "fla.ops.removed.kernel": [[[1], gone]]}
+    summary = autotune.restore(table, autotune.autotuners(prefix=__name__))
+    assert summary == {"restored": 0, "stale": [NAME], "absent": ["fla.ops.removed.kernel"]}
+    assert scale_kernel.cache == {}  # those keys autotune as before
+
+
+def test_choices_round_trip_through_json():
+    scale_kernel.cache[KEY] = CONFIGS[0]
+    scale_kernel.cache[(128, "torch.float32")] = CONFIGS[1]
+    saved = json.loads(json.dumps(autotune.choices(autotune.autotuners(prefix=__name__))))
+    scale_kernel.cache.clear()
+    assert autotune.restore(saved, autotune.autotuners(prefix=__name__))["restored"] == 2
+    assert scale_kernel.cache == {KEY: CONFIGS[0], (128, "torch.float32"): CONFIGS[1]}
+
+
+def test_a_choice_already_made_in_this_process_is_kept():
+    scale_kernel.cache[KEY] = CONFIGS[0]
+    autotune.restore({NAME: [[list(KEY), autotune.describe(CONFIGS[1])]]}, autotune.autotuners(prefix=__name__))
+    assert scale_kernel.cache[KEY] is CONFIGS[0]
+
+
+def test_the_table_switch(tmp_path):
+    assert autotune.table_path(None, "full") is None
+    with pytest.raises(ConfigError, match=f"{autotune.ENV}=.*missing.json: no such file"):
+        autotune.table_path(None, str(tmp_path / "missing.json"))
+    table = tmp_path / "autotune.json"
+    table.write_text("{}")
+    assert autotune.table_path(None, str(table)) == table
+
+
+def test_nothing_is_restored_off_a_gpu():
+    import torch
+
+    assert autotune.apply(torch.device("cpu")) == {"requested": "table", "table": None, "restored": 0}
