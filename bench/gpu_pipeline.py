@@ -36,7 +36,8 @@ from videosft import config as config_lib  # noqa: E402
 from videosft.budget import resolve_budget  # noqa: E402
 from videosft.budget import plan  # noqa: E402
 from videosft.encoding import build_sample, processor_geometry  # noqa: E402
-from videosft.preprocess import ShardWriter, gather, shard_metadata, shard_summary  # noqa: E402
+from videosft.preprocess import gather, shard_metadata, shard_summary  # noqa: E402
+from videosft.sample_store import ShardWriter  # noqa: E402
 from videosft.video import Clip  # noqa: E402
 from trace_summary import load_events, summarize  # noqa: E402
 

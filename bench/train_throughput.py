@@ -81,7 +81,7 @@ from transformers import AutoConfig
 from transformers.integrations import HfDeepSpeedConfig
 from peft import LoraConfig, get_peft_model
 from videosft.keymap import model_class
-from videosft.preprocess import read_samples
+from videosft.sample_store import read_samples
 from videosft.batches import collate
 
 model_dir, manifest, out, steps = Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3]), int(sys.argv[4])
@@ -237,7 +237,7 @@ class Bench:
 
     def run(self, name: str, frames: int, steps: int, limit_gib: float = 0.0) -> dict:
         from videosft import config as config_lib
-        from videosft.preprocess import read_samples
+        from videosft.sample_store import read_samples
 
         needed = RUN_ESTIMATE_S.get(name, 70)
         if self.time_left() < needed:

@@ -62,7 +62,7 @@ def main() -> int:
     from videosft.batches import collate
     from videosft.keymap import model_class
     from videosft.lora import target_module_names
-    from videosft.preprocess import read_samples
+    from videosft.sample_store import read_samples
 
     if args.fla_ieee:
         import triton.language as tl

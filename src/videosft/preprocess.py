@@ -7,7 +7,8 @@ The windows are split into shards by video (``--shard i --shards n``, one Snakem
 ``--cores n`` decodes on n cores); each shard writes ``train-NNNNN.parquet`` / ``val-NNNNN.parquet``
 files of bounded size holding everything the trainer needs (it never decodes video), and
 ``rejects.jsonl`` for windows that could not be used. ``--gather`` joins the shards into
-``manifest.json``, the one file later stages read.
+``manifest.json``, the one file later stages read. The files' schema, their writer and the
+manifest are the sample store's (:mod:`videosft.sample_store`), through which later stages read.
 
     python -m videosft.preprocess --config config.yaml --windows results/window/windows.parquet \\
         --shard 0 --shards 1 --out results/preprocess/shards/0
@@ -22,7 +23,6 @@ from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
-import pyarrow as pa
 import pyarrow.parquet as pq
 
 from . import config as config_lib
@@ -32,125 +32,15 @@ from .errors import InputError
 from .layout import layout_name
 from .provenance import exit_after, run_record, sha256_file, stage_parser, write_json
 from .rejects import Rejects
+from .sample_store import SCHEMA_VERSION, ShardWriter, write_manifest
 from .timeline import resolve_video
 from .video import VideoFile
-
-SCHEMA_VERSION = 3  # 2: second_per_grid (Qwen2.5-VL's time step per frame pair); 3: video_layout
-ROW_GROUP = 8
-
-SAMPLE_SCHEMA = pa.schema(
-    [
-        ("window_id", pa.string()),
-        ("split", pa.string()),
-        ("video", pa.string()),
-        ("query", pa.string()),
-        ("window_start", pa.float64()),
-        ("window_end", pa.float64()),
-        ("keep_local", pa.list_(pa.list_(pa.float64(), 2))),
-        ("answer", pa.string()),
-        ("frame_indices", pa.list_(pa.int32())),
-        ("frame_times", pa.list_(pa.float64())),
-        ("video_grid_thw", pa.list_(pa.int32(), 3)),
-        ("source_size", pa.list_(pa.int32(), 2)),
-        ("frame_size", pa.list_(pa.int32(), 2)),
-        ("visual_tokens", pa.int32()),
-        ("text_tokens", pa.int32()),
-        ("input_tokens", pa.int32()),
-        ("supervised_tokens", pa.int32()),
-        ("decode_seconds", pa.float64()),
-        ("budget_max_tokens", pa.int32()),  # per frame pair; below video.max_tokens when fitted
-        ("second_per_grid", pa.float64()),  # Qwen2.5-VL's seconds per frame pair; null where markers tell time
-        ("input_ids", pa.list_(pa.int32())),
-        ("labels", pa.list_(pa.int32())),
-        ("mm_token_type_ids", pa.list_(pa.int8())),
-        ("pixel_values", pa.binary()),  # float16, row-major, shape pixel_shape
-        ("pixel_shape", pa.list_(pa.int32(), 2)),
-    ]
-)
 
 
 def model_hashes(model_path: Path) -> dict:
     names = ["tokenizer.json", "tokenizer_config.json", "processor_config.json",
              "preprocessor_config.json", "video_preprocessor_config.json", "chat_template.jinja"]
     return {name: sha256_file(model_path / name) for name in names if (model_path / name).exists()}
-
-
-# The pixel column is most of every file: dictionary encoding and min/max statistics of
-# megabyte-sized unique blobs cost time and buy nothing; its compression is a config choice
-# (preprocess.pixel_compression), the small columns always use snappy.
-_SMALL_COLUMNS = [name for name in SAMPLE_SCHEMA.names if name != "pixel_values"]
-
-
-def parquet_options(pixel_compression: str) -> dict:
-    return {"use_dictionary": _SMALL_COLUMNS, "write_statistics": _SMALL_COLUMNS,
-            "compression": {**dict.fromkeys(_SMALL_COLUMNS, "snappy"), "pixel_values": pixel_compression}}
-
-
-class ShardWriter:
-    """Streams samples into ``<split>-NNNNN.parquet`` files of bounded size, in small row groups.
-
-    Memory holds at most one row group; a file is closed and the next begun once it passes
-    ``max_bytes``, so neither memory nor file size grows with the number of windows.
-    """
-
-    def __init__(self, out_dir: Path, metadata: dict, max_bytes: int, pixel_compression: str = "none"):
-        self.out_dir = out_dir
-        self.options = parquet_options(pixel_compression)
-        self.schema = SAMPLE_SCHEMA.with_metadata({"videosft": json.dumps(metadata)})
-        self.max_bytes = max_bytes
-        self.open: dict[str, tuple[pq.ParquetWriter, Path, Path]] = {}
-        self.bytes: dict[str, int] = defaultdict(int)
-        self.pending: dict[str, list[dict]] = defaultdict(list)
-        self.counts: dict[str, int] = defaultdict(int)
-        self.files: dict[str, list[str]] = defaultdict(list)
-
-    def add(self, sample: dict) -> None:
-        split = sample["split"]
-        self.pending[split].append(sample)
-        self.counts[split] += 1
-        self.bytes[split] += len(sample["pixel_values"]) + 8 * len(sample["input_ids"])
-        if len(self.pending[split]) >= ROW_GROUP:
-            self._flush(split)
-        if self.bytes[split] >= self.max_bytes:
-            self._close(split)
-
-    def _flush(self, split: str) -> None:
-        if not self.pending[split]:
-            return
-        if split not in self.open:
-            final = self.out_dir / f"{split}-{len(self.files[split]):05d}.parquet"
-            tmp = final.with_name(f".{final.name}.tmp")
-            self.open[split] = (pq.ParquetWriter(tmp, self.schema, **self.options), tmp, final)
-        self.open[split][0].write_table(pa.Table.from_pylist(self.pending[split], schema=self.schema))
-        self.pending[split] = []
-
-    def _close(self, split: str) -> None:
-        self._flush(split)
-        if split in self.open:
-            writer, tmp, final = self.open.pop(split)
-            writer.close()
-            tmp.replace(final)  # a file that exists is complete
-            self.files[split].append(final.name)
-        self.bytes[split] = 0
-
-    def close(self) -> dict[str, list[str]]:
-        for split in list(self.pending) + list(self.open):
-            self._close(split)
-        return dict(self.files)
-
-
-def read_metadata(path: Path) -> dict:
-    """The videosft metadata of a samples file; refuses a schema version this code does not know."""
-    raw = pq.read_schema(path).metadata or {}
-    if b"videosft" not in raw:
-        raise InputError(f"{path} has no videosft metadata: it was not written by the preprocess stage")
-    metadata = json.loads(raw[b"videosft"])
-    if metadata.get("schema_version") != SCHEMA_VERSION:
-        raise InputError(
-            f"{path} has sample schema version {metadata.get('schema_version')}, this code reads "
-            f"version {SCHEMA_VERSION}; rerun the preprocess stage"
-        )
-    return metadata
 
 
 def summarize(values: list[float]) -> dict:
@@ -244,7 +134,6 @@ def run_shard(windows_path: Path, out_dir: Path, cfg: dict, shard: int, shards: 
 
 
 FACTS = ("visual_tokens", "text_tokens", "input_tokens", "supervised_tokens", "decode_seconds", "budget_max_tokens")
-MANIFEST = "manifest.json"
 
 
 def gather(shard_dirs: list[Path], out_dir: Path, cfg: dict, record: dict) -> None:
@@ -283,24 +172,8 @@ def gather(shard_dirs: list[Path], out_dir: Path, cfg: dict, record: dict) -> No
     for split in ("train", "val"):
         if not counts.get(split):
             raise InputError(f"no {split} samples were produced; check the window split and the rejects")
-    write_json(out_dir / MANIFEST, {"schema_version": SCHEMA_VERSION, "files": dict(files), "samples": dict(counts),
-                                    "budget": budget, "geometry": summaries[0]["geometry"],
-                                    "video_layout": summaries[0]["video_layout"],
-                                    "think_block": summaries[0]["think_block"]})
-
-
-def sample_files(manifest_path: Path, split: str) -> list[Path]:
-    """The sample files of one split, as the manifest lists them; each file's version is checked."""
-    manifest = json.loads(Path(manifest_path).read_text())
-    paths = [Path(manifest_path).parent / name for name in manifest["files"].get(split, [])]
-    for path in paths:
-        read_metadata(path)
-    return paths
-
-
-def read_samples(manifest_path: Path, split: str, columns: list[str] | None = None) -> list[dict]:
-    return [row for path in sample_files(manifest_path, split)
-            for row in pq.read_table(path, columns=columns).to_pylist()]
+    write_manifest(out_dir, dict(files), dict(counts), budget, summaries[0]["geometry"], summaries[0]["video_layout"],
+                   summaries[0]["think_block"])
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -22,8 +22,8 @@ from . import config as config_lib
 from .keymap import CheckpointError, build_meta_model, extras_summary, map_checkpoint, read_checkpoint
 from .lora import coverage
 from .memory import SampleFacts, flowchart, largest_frames, model_facts, plan_peak, planned_kernels
-from .preprocess import read_samples
 from .provenance import exit_after, run_record, stage_parser, write_json
+from .sample_store import read_samples
 
 
 def config_dtype(model) -> str | None:

@@ -43,8 +43,8 @@ from matplotlib.figure import Figure  # figures without pyplot: no global state,
 from . import config as config_lib
 from .evaluate import COUNTS, definition  # COUNTS: window counts, not metrics
 from .metrics import SOURCE_TIME_DEFINITIONS, WINDOW_R1_THRESHOLDS
-from .preprocess import read_metadata, read_samples, sample_files
 from .provenance import exit_after, run_record, stage_parser
+from .sample_store import read_metadata, read_samples, sample_files
 
 matplotlib.use("Agg")  # files only; never a display
 

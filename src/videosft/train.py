@@ -46,8 +46,8 @@ from .kernels import select_gated_delta_rule
 from .keymap import build_meta_model, load_checkpoint, logical_shape, model_class
 from .lora import target_module_names
 from .memory import ModelFacts, SampleFacts, plan_peak
-from .preprocess import read_samples, sample_files
 from .provenance import exit_after, path_fingerprint, run_record, stage_parser, write_json
+from .sample_store import read_samples, sample_files
 from .sampling import Cursor, DataError, check_every_rank_has_a_batch, check_ledgers, epoch_plan
 
 PROCESS_STARTED = time.time()  # torch, deepspeed and the kernels import after this

@@ -26,8 +26,8 @@ from .errors import UserError
 from .evaluate import evaluate
 from .evaluate import table as evaluation_table
 from .keymap import model_class
-from .preprocess import read_samples
 from .provenance import exit_after, run_record, stage_parser, write_json
+from .sample_store import read_samples
 from .batches import collate
 from .train import ADAPTER_FILES, WORKFLOW_MARKERS
 

@@ -11,6 +11,7 @@ import pytest
 from conftest import check_host_positions, run_torchrun, stage_json
 from videosft import encoding, preprocess, probe, verify, window
 from videosft.batches import collate
+from videosft.sample_store import read_samples
 from vllm_lora_keys import unloadable
 
 
@@ -59,7 +60,7 @@ def test_qwen3_vl_trains_and_verifies(qwen3vl_dir, demo_config, tmp_path):
     assert not list((tmp_path / "train").glob("profile.*"))  # train.profile_step unset: nothing profiled
     tensors = results["verify"]["tensors"]
     assert tensors["summary"] == f"{tensors['matched']} of {tensors['matched']} tensors matched"
-    rows = preprocess.read_samples(tmp_path / "preprocess" / "manifest.json", "train")
+    rows = read_samples(tmp_path / "preprocess" / "manifest.json", "train")
     assert all(row["second_per_grid"] is None for row in rows)  # time comes from the <t seconds> markers
     assert "second_per_grid_ts" not in collate(rows[:1], 0)
     check_host_positions(qwen3vl_dir, rows[:2])
@@ -75,7 +76,7 @@ def test_qwen2_5_vl_trains_and_verifies_with_its_time_step(qwen25_dir, demo_conf
     assert train["lora_unchanged_after_two_steps"] == []
     tensors = results["verify"]["tensors"]
     assert tensors["summary"] == f"{tensors['matched']} of {tensors['matched']} tensors matched"
-    rows = preprocess.read_samples(tmp_path / "preprocess" / "manifest.json", "train")
+    rows = read_samples(tmp_path / "preprocess" / "manifest.json", "train")
     assert all(row["second_per_grid"] == pytest.approx(1.0, abs=0.05) for row in rows)
     assert collate(rows[:2], 0)["second_per_grid_ts"].tolist() == [row["second_per_grid"] for row in rows[:2]]
     check_host_positions(qwen25_dir, rows[:2])
@@ -106,7 +107,7 @@ def test_a_checkpoint_as_published_goes_through_every_stage_with_its_own_templat
     assert manifest["video_layout"] == "blocks" and manifest["think_block"] == "prompt"
     tokenizer = AutoTokenizer.from_pretrained(published_qwen35)
     assert len(tokenizer) == 248_077
-    rows = preprocess.read_samples(tmp_path / "preprocess" / "manifest.json", "train")
+    rows = read_samples(tmp_path / "preprocess" / "manifest.json", "train")
     for row in rows:  # the empty think block is the prompt's: generation starts where supervision does
         first = next(i for i, label in enumerate(row["labels"]) if label != -100)
         assert tokenizer.decode(row["input_ids"][:first]).endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
@@ -125,7 +126,7 @@ def test_a_qwen3_vl_checkpoint_as_published_goes_through_every_stage(published_q
     tensors = results["verify"]["tensors"]
     assert tensors["summary"] == f"{tensors['matched']} of {tensors['matched']} tensors matched"
     tokenizer = AutoTokenizer.from_pretrained(published_qwen3vl)
-    rows = preprocess.read_samples(tmp_path / "preprocess" / "manifest.json", "train")
+    rows = read_samples(tmp_path / "preprocess" / "manifest.json", "train")
     assert len(tokenizer) == 151_669 and rows
     for row in rows:  # no think block in this template: supervision starts right after the assistant header
         first = next(i for i, label in enumerate(row["labels"]) if label != -100)

@@ -14,8 +14,8 @@ from conftest import stage_json
 from videosft import config as config_lib
 from videosft import export, predict, report
 from videosft.cutlist import clip_ranges, merge_votes
-from videosft.preprocess import read_samples
 from videosft.rejects import Rejects
+from videosft.sample_store import read_samples
 from videosft.video import VideoFile
 
 

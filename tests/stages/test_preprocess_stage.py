@@ -11,10 +11,10 @@ import pytest
 from transformers import AutoTokenizer
 
 from conftest import stage_json
-from videosft import encoding, preprocess
+from videosft import encoding, preprocess, sample_store
 from videosft.chat import parse_answer, prompt_timestamps
-from videosft.preprocess import read_samples
 from videosft.rejects import TooManyRejects
+from videosft.sample_store import read_samples
 
 
 @pytest.fixture(scope="module")
@@ -24,7 +24,7 @@ def samples(prepared):
 
 
 def test_every_sample_is_what_the_budget_planned(samples, prepared):
-    meta = preprocess.read_metadata(preprocess.sample_files(prepared / "preprocess" / "manifest.json", "train")[0])
+    meta = sample_store.read_metadata(sample_store.sample_files(prepared / "preprocess" / "manifest.json", "train")[0])
     patch, merge, temporal = (meta["geometry"][k] for k in ("patch_size", "merge_size", "temporal_patch_size"))
     assert len(samples) == 12
     for row in samples:
@@ -115,17 +115,17 @@ def test_an_overlong_sample_gets_a_smaller_budget_never_a_cut_answer(demo_config
 
 
 def test_the_trainer_refuses_an_unknown_schema_version(prepared, tmp_path):
-    table = pq.read_table(preprocess.sample_files(prepared / "preprocess" / "manifest.json", "train")[0])
+    table = pq.read_table(sample_store.sample_files(prepared / "preprocess" / "manifest.json", "train")[0])
     meta = json.loads(table.schema.metadata[b"videosft"])
     meta["schema_version"] = 999
     path = tmp_path / "future.parquet"
     pq.write_table(table.replace_schema_metadata({"videosft": json.dumps(meta)}), path)
     with pytest.raises(ValueError, match="schema version 999"):
-        preprocess.read_metadata(path)
+        sample_store.read_metadata(path)
     plain = tmp_path / "plain.parquet"
     pq.write_table(pa.table({"x": [1]}), plain)
     with pytest.raises(ValueError, match="not written by the preprocess stage"):
-        preprocess.read_metadata(plain)
+        sample_store.read_metadata(plain)
 
 
 def test_shards_keep_a_video_together_and_balance_the_windows():
@@ -168,12 +168,12 @@ def test_a_marker_rounded_at_a_tie_is_not_taken_for_a_clock_error(demo_dir):
 
 @pytest.mark.parametrize("codec", ["none", "snappy", "zstd"])
 def test_pixel_compression_is_the_configured_codec_and_round_trips(samples, tmp_path, codec):
-    writer = preprocess.ShardWriter(tmp_path, {"schema_version": preprocess.SCHEMA_VERSION}, 2**30, codec)
+    writer = sample_store.ShardWriter(tmp_path, {"schema_version": sample_store.SCHEMA_VERSION}, 2**30, codec)
     for row in samples[:3]:
-        writer.add({key: row[key] for key in preprocess.SAMPLE_SCHEMA.names})
+        writer.add({key: row[key] for key in sample_store.SAMPLE_SCHEMA.names})
     files = writer.close()
     path = tmp_path / files[samples[0]["split"]][0]
-    column = preprocess.SAMPLE_SCHEMA.names.index("pixel_values")
+    column = sample_store.SAMPLE_SCHEMA.names.index("pixel_values")
     assert pq.ParquetFile(path).metadata.row_group(0).column(column).compression == codec.upper().replace("NONE", "UNCOMPRESSED")
     back = pq.read_table(path).to_pylist()
     assert [r["pixel_values"] for r in back] == [r["pixel_values"] for r in samples[:3] if r["split"] == samples[0]["split"]]

@@ -259,14 +259,15 @@ def test_the_plan_scales_a_sample_to_other_frame_counts_markers_included(prepare
 
     from videosft import preprocess
     from videosft.memory import SampleFacts, sample_at_frames
+    from videosft.sample_store import read_samples
 
     cfg = {**demo_config, "video": {"max_frames": 8, "min_frames": 4}}
     assert preprocess.main(["--config", stage_json("preprocess", cfg), "--windows",
                             str(prepared / "window" / "windows.parquet"), "--out", str(tmp_path / "eight")]) == 0
     eight = {r["window_id"]: r for path in (tmp_path / "eight").glob("*.parquet")
              for r in pq.read_table(path, columns=["window_id", "input_tokens", "frame_indices"]).to_pylist()}
-    sixteen = preprocess.read_samples(prepared / "preprocess" / "manifest.json", "train", probe.LENGTH_COLUMNS
-                                      + ["window_id"])
+    sixteen = read_samples(prepared / "preprocess" / "manifest.json", "train", probe.LENGTH_COLUMNS
+                           + ["window_id"])
     assert sixteen and all(len(r["frame_indices"]) == 16 for r in sixteen)
     for row in sixteen:
         sample = SampleFacts(row["input_tokens"], row["visual_tokens"], row["supervised_tokens"], 16,

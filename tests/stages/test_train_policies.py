@@ -16,7 +16,7 @@ import pytest
 from safetensors.torch import load_file
 
 from conftest import PROJECT, remember_output, run_torchrun, stage_json
-from videosft.preprocess import sample_files
+from videosft.sample_store import sample_files
 
 
 def manifest_with(prepared: Path, tmp_path: Path, count: int) -> Path:

@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import load_file
 
 from conftest import check_host_positions, run_torchrun, stage_json
-from videosft.preprocess import read_samples
+from videosft.sample_store import read_samples
 
 
 @pytest.fixture(scope="module")
