@@ -14,7 +14,7 @@ against transformers' forwards and bound, and ZeRO-3 is told to gather whole dec
 vision blocks. Each
 rank reads its own samples, and every sample a rank consumes is written to its ledger. The
 loss is computed from logits at the supervised positions only. The adapter is saved with
-gathered, full-shape tensors and no base weights.
+gathered, full-shape tensors and no base weights (:mod:`videosft.adapter`).
 """
 
 from __future__ import annotations
@@ -37,13 +37,14 @@ import numpy as np
 
 from . import autotune
 from . import config as config_lib
+from .adapter import gathered_lora_state, lora_parameters, save_adapter
 from .attention import batch_vision_attention
 from .batches import BatchesAhead, host_positions
 from .chat import IGNORE_INDEX
 from .errors import ConfigError, InputError
 from .fused import select_fused_kernels
 from .kernels import select_gated_delta_rule
-from .keymap import build_meta_model, load_checkpoint, logical_shape, model_class
+from .keymap import build_meta_model, load_checkpoint, model_class
 from .lora import target_module_names
 from .memory import ModelFacts, SampleFacts, plan_peak
 from .provenance import exit_after, path_fingerprint, run_record, stage_parser, write_json
@@ -52,8 +53,6 @@ from .sampling import Cursor, DataError, check_every_rank_has_a_batch, check_led
 
 PROCESS_STARTED = time.time()  # torch, deepspeed and the kernels import after this
 
-ADAPTER_FILES = {"adapter_model.safetensors", "adapter_config.json", "README.md"}
-WORKFLOW_MARKERS = {".snakemake_timestamp"}  # Snakemake stamps directory outputs with this
 SHM_COMM_OP = "deepspeed_shm_comm"  # DeepSpeed's name for its CPU shared-memory collectives op
 
 
@@ -179,19 +178,6 @@ def _checkpoint_inputs_on_host(checkpoint, pin_memory: bool, function, *args, **
     # hooks, so these hooks take them; inside the layer the checkpoint's hooks save nothing.
     with save_on_cpu(pin_memory=pin_memory):
         return checkpoint(function, *args, **kwargs)
-
-
-def lora_parameters(model) -> list[tuple[str, object]]:
-    return [(name, p) for name, p in model.named_parameters() if "lora_" in name]
-
-
-def gathered_lora_state(model) -> dict:
-    """Full-shape copies of every LoRA tensor (a collective: every rank must call it)."""
-    import deepspeed
-
-    named = lora_parameters(model)
-    with deepspeed.zero.GatheredParameters([p for _, p in named], modifier_rank=None):
-        return {name: p.data.detach().cpu().clone() for name, p in named}
 
 
 def supervised_loss(model, batch: dict):
@@ -690,31 +676,6 @@ def _float(value) -> float | None:
     if value is None:
         return None
     return float(value.item() if hasattr(value, "item") else value)
-
-
-def save_adapter(model, state: dict, adapter_dir: Path) -> None:
-    """Save the adapter from gathered tensors; check shapes, finiteness and the file set.
-
-    Written to a scratch directory first and renamed into place, so an interrupted save never
-    leaves a half adapter that looks complete.
-    """
-    import torch
-
-    parameters = dict(model.named_parameters())
-    for name, tensor in state.items():
-        if list(tensor.shape) != logical_shape(parameters[name]) or tensor.numel() == 0:
-            raise RuntimeError(f"LoRA tensor {name} gathered as {list(tensor.shape)}, "
-                               f"expected {logical_shape(parameters[name])}")
-        if not torch.isfinite(tensor).all():
-            raise RuntimeError(f"LoRA tensor {name} has non-finite values")
-    scratch = adapter_dir.with_name(f".{adapter_dir.name}.partial")
-    shutil.rmtree(scratch, ignore_errors=True)
-    model.save_pretrained(scratch, state_dict=state, safe_serialization=True)
-    extra = sorted(set(os.listdir(scratch)) - ADAPTER_FILES)
-    if extra:
-        raise RuntimeError(f"{adapter_dir} would hold files other than the adapter: {extra}")
-    shutil.rmtree(adapter_dir, ignore_errors=True)
-    scratch.rename(adapter_dir)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -22,6 +22,7 @@ from pathlib import Path
 
 
 from . import config as config_lib
+from .adapter import ADAPTER_WEIGHTS, adapter_files
 from .errors import UserError
 from .evaluate import evaluate
 from .evaluate import table as evaluation_table
@@ -29,9 +30,6 @@ from .keymap import model_class
 from .provenance import exit_after, run_record, stage_parser, write_json
 from .sample_store import read_samples
 from .batches import collate
-from .train import ADAPTER_FILES, WORKFLOW_MARKERS
-
-ADAPTER_WEIGHTS = "adapter_model.safetensors"
 
 
 class VerificationError(UserError, RuntimeError):
@@ -86,12 +84,6 @@ def compare_adapter(model, adapter_dir: Path) -> dict:
     problems += [f"{key}: loaded, but not in the file" for key in not_saved]
     return {"tensors": len(saved), "matched": matched, "summary": f"{matched} of {len(saved)} tensors matched",
             "problems": problems}
-
-
-def adapter_files(adapter_dir: Path) -> dict:
-    files = {path.name: path.stat().st_size for path in adapter_dir.iterdir() if path.name not in WORKFLOW_MARKERS}
-    extra = sorted(set(files) - ADAPTER_FILES)
-    return {"files": files, "bytes": sum(files.values()), "unexpected_files": extra}
 
 
 # The forward comparison's tolerance, per dtype of the forward: merged and unmerged models compute
