@@ -77,7 +77,7 @@ def load_model(cfg: dict, adapter: Path | None):
     import torch
     from transformers import AutoConfig
 
-    from .keymap import model_class
+    from .checkpoint import model_class
 
     model_dir = Path(cfg["model"]["path"])
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -92,17 +92,22 @@ def load_model(cfg: dict, adapter: Path | None):
 
 
 def window_prompts(video: VideoFile, windows: list[dict], processor, cfg: dict,
-                   rejects: Rejects) -> tuple[list[dict], list[dict]]:
+                   rejects: Rejects, timings: dict | None = None) -> tuple[list[dict], list[dict]]:
     """Each window's prompt, made as its training sample is (the answer cut off), and a result
-    entry for it; a window that cannot be encoded goes to the rejects."""
+    entry for it; a window that cannot be encoded goes to the rejects. ``timings`` gains the
+    seconds spent decoding frames ("decode") and making prompts of them ("preprocess")."""
     budget, geometry = resolve_budget(cfg["video"]), processor_geometry(processor)
+    timings = {"decode": 0.0, "preprocess": 0.0} if timings is None else timings
     prompts, results = [], []
     for window in windows:
+        started = time.perf_counter()
         try:
             sample = build_sample({**window, "keep_local": []}, video, processor, cfg, budget, geometry)
         except Exception as error:  # one bad window never loses the others
             rejects.add(window["window_id"], error, video=window["video"])
             continue
+        timings["decode"] += sample["decode_seconds"]
+        timings["preprocess"] += time.perf_counter() - started - sample["decode_seconds"]
         prompts.append(prompt_of(sample))
         results.append({"window_id": window["window_id"], "start": window["window_start"],
                         "end": window["window_end"], "prompt_tokens": len(prompts[-1]["input_ids"])})
@@ -122,8 +127,8 @@ def predict_video(path: Path, windows: list[dict] | None, model, processor, cfg:
     name = f"{windows[0]['video']}" + (f" [{windows[0]['query']}]" if windows[0]["query"] else "") if windows \
         else path.name
     windows = windows or cut_into_windows(video, path.name, cfg)
-    prompts, results = window_prompts(video, windows, processor, cfg, rejects)
-    timings["decode_and_encode"] += time.perf_counter() - started
+    timings["open"] += time.perf_counter() - started
+    prompts, results = window_prompts(video, windows, processor, cfg, rejects, timings)
     started = time.perf_counter()
     answers = greedy_answers(model, prompts, processor.tokenizer, cfg["predict"]["max_new_tokens"],
                              cfg["prompt"]["think_block"], cfg["predict"]["batch_size"])
@@ -168,7 +173,7 @@ def predict(cfg: dict, adapter: Path | None, windows_path: Path | None, out: Pat
     processor = AutoProcessor.from_pretrained(cfg["model"]["path"])
     started = time.perf_counter()
     model = load_model(cfg, adapter)
-    timings = {"load_model": time.perf_counter() - started, "decode_and_encode": 0.0, "generate": 0.0}
+    timings = {"load_model": time.perf_counter() - started, "open": 0.0, "decode": 0.0, "preprocess": 0.0, "generate": 0.0}
     rejects = Rejects(out / "rejects.jsonl")
     outputs, results = {}, []
     for index, ((path, _query), windows) in enumerate(videos.items()):
@@ -187,7 +192,7 @@ def predict(cfg: dict, adapter: Path | None, windows_path: Path | None, out: Pat
                          "min_agreement": cfg["predict"]["min_agreement"],
                          "videos": len(videos), "predicted": len(results), "windows": windows,
                          "rejects": rejects.summary(), "outputs": outputs, "seconds": timings,
-                         "windows_per_second": windows / max(timings["decode_and_encode"] + timings["generate"], 1e-9)}
+                         "windows_per_second": windows / max(sum(timings.values()) - timings["load_model"], 1e-9)}
     if cfg["predict"]["videos"] == "val":
         record["results"]["evaluation"] = evaluate_in_source_time(results)
         write_json(out / "evaluation.json", record["results"]["evaluation"])
