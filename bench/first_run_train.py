@@ -67,7 +67,7 @@ timed_import("fla.ops.gated_delta_rule")
 timed_import("fla.modules")
 timed_import("transformers.models.qwen3_5.modeling_qwen3_5")
 train = timed_import("videosft.train")
-kernels = importlib.import_module("videosft.kernels")
+gated_deltanet = importlib.import_module("videosft.gated_deltanet")
 fused = importlib.import_module("videosft.fused")
 deepspeed = sys.modules["deepspeed"]
 
@@ -189,7 +189,7 @@ def check_run(module, label):
     original = module._run
 
     def wrapper(*args, **kwargs):
-        if module is kernels:
+        if module is gated_deltanet:
             function, inputs = args[0], args[1]
             upcast = args[2] if len(args) > 2 else kwargs["upcast"]
             role = "fla_bf16" if getattr(function, "implementation", None) == "fla" else (
@@ -235,11 +235,11 @@ def timed_helper(module, attribute, label):
     setattr(module, attribute, wrapper)
 
 
-check_run(kernels, "gdn")
+check_run(gated_deltanet, "gdn")
 check_run(fused, "fused")
-timed_helper(kernels, "check_inputs", "gdn_check_inputs")
+timed_helper(gated_deltanet, "check_inputs", "gdn_check_inputs")
 timed_helper(fused, "check_inputs", "fused_check_inputs")
-timed_helper(kernels, "relative_errors", "gdn_relative_errors")
+timed_helper(gated_deltanet, "relative_errors", "gdn_relative_errors")
 timed_helper(fused, "relative_errors", "fused_relative_errors")
 
 _step = [0]

@@ -52,7 +52,7 @@ def build_checkpoint(config_path: Path, out: Path) -> dict:
     from transformers.models.qwen3_vl.video_processing_qwen3_vl import Qwen3VLVideoProcessor
 
     from videosft.demo import CHAT_TEMPLATE, build_tokenizer
-    from videosft.keymap import model_class
+    from videosft.checkpoint import model_class
 
     tokenizer = build_tokenizer(512)
     ids = tokenizer.convert_tokens_to_ids

@@ -27,7 +27,7 @@ Trainers (``--trainers``):
 Same checkpoint, samples (from bench/gpu_pipeline.py's builder), LoRA targets and rank, steps.
 Per trainer and frame count: tokens/s per GPU (median after the first step), peak allocated /
 reserved per rank, load time, and MFU against the measured bf16 matrix rate. Before the trainers,
-`python -m videosft.kernels` checks fla against the torch implementation at the model's layer
+`python -m videosft.gated_deltanet` checks fla against the torch implementation at the model's layer
 shapes and times both (on the last GPU, while the checkpoint is built). With ``--limit-gib 12``
 and ``--search`` the largest frame count each named trainer fits under a simulated 12 GiB card
 (`torch.cuda.set_per_process_memory_fraction`) is searched in steps of 16 frames, from
@@ -80,7 +80,7 @@ sys.path.insert(0, sys.argv[5])
 from transformers import AutoConfig
 from transformers.integrations import HfDeepSpeedConfig
 from peft import LoraConfig, get_peft_model
-from videosft.keymap import model_class
+from videosft.checkpoint import model_class
 from videosft.sample_store import read_samples
 from videosft.batches import collate
 
@@ -104,7 +104,7 @@ model = model_class(config).from_pretrained(model_dir, dtype=torch.bfloat16 if g
 load_seconds = time.perf_counter() - started
 bypassed = False
 if options["gdn"] == "fla":
-    from videosft.kernels import bypass_hopper_guard, fla_status
+    from videosft.gated_deltanet import bypass_hopper_guard, fla_status
     bypassed = fla_status()["importable"] and bypass_hopper_guard()
 modeling = sys.modules[type(model).__module__]
 chunked = getattr(modeling, "torch_chunk_gated_delta_rule", None)  # None: no Gated-DeltaNet layers (Qwen3-VL)
@@ -367,7 +367,7 @@ def main() -> None:
     check = None
     if not args.no_check:  # on the last GPU while the checkpoint is built on the first
         longest = 100 * max(args.frames) + 600
-        check = subprocess.Popen([sys.executable, "-m", "videosft.kernels", "--model-config", str(args.config),
+        check = subprocess.Popen([sys.executable, "-m", "videosft.gated_deltanet", "--model-config", str(args.config),
                                   "--tokens", str(min(longest, 16384)), "8192", "200", "--time"],
                                  stdout=subprocess.PIPE, stderr=open(args.out / "kernel_check.log", "w"), text=True,
                                  cwd=ROOT, env={**env, "CUDA_VISIBLE_DEVICES": str(args.gpus - 1)})

@@ -60,7 +60,7 @@ def main() -> int:
     from transformers import AutoConfig, AutoTokenizer
 
     from videosft.batches import collate
-    from videosft.keymap import model_class
+    from videosft.checkpoint import model_class
     from videosft.lora import target_module_names
     from videosft.sample_store import read_samples
 

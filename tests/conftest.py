@@ -240,7 +240,7 @@ def check_host_positions(model_dir: Path, rows: list[dict]) -> None:
     from transformers import AutoConfig
 
     from videosft.batches import collate, host_positions, prepare
-    from videosft.keymap import model_class
+    from videosft.checkpoint import model_class
     from videosft.train import supervised_loss
 
     model = model_class(AutoConfig.from_pretrained(model_dir)).from_pretrained(model_dir, dtype=torch.float32)

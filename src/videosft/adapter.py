@@ -12,7 +12,7 @@ import os
 import shutil
 from pathlib import Path
 
-from .keymap import logical_shape
+from .checkpoint import logical_shape
 
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 ADAPTER_FILES = {ADAPTER_WEIGHTS, "adapter_config.json", "README.md"}

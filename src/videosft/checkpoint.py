@@ -1,10 +1,14 @@
-"""Checkpoint keys vs model parameters, from safetensors headers alone.
+"""The base model's checkpoint: its keys mapped onto the model's parameters from safetensors
+headers alone, and its weights loaded into the model and verified against the file.
 
 A checkpoint written by one transformers release (or layout: Qwen2.5-VL's ``model.layers.*`` and
 ``visual.*``, Qwen3-VL / Qwen3.5's ``model.language_model.*`` and ``model.visual.*``) is mapped onto
 the parameter names of the model this transformers builds, with transformers' own conversion
-rules, so both always agree on what a key means. The probe writes the map; the loader here
-(:func:`load_checkpoint`, used by the trainer) reads it, so the two can never disagree.
+rules, so both always agree on what a key means (:func:`read_checkpoint`, :func:`map_checkpoint`).
+The probe writes the map; the loader here (:func:`load_checkpoint`, used by the trainer) reads it,
+so the two can never disagree, and then compares every loaded element with the file
+(:func:`verify_loaded`; under ZeRO-3 each rank its own partition). :func:`model_class` and
+:func:`build_meta_model` say which transformers class every stage builds.
 """
 
 from __future__ import annotations

@@ -32,7 +32,7 @@ def export(cfg: dict, adapter: Path, out: Path) -> dict:
     from peft import PeftModel
     from transformers import AutoConfig
 
-    from .keymap import model_class
+    from .checkpoint import model_class
 
     model_dir = Path(cfg["model"]["path"])
     dtype = getattr(torch, cfg["export"]["dtype"])

@@ -22,7 +22,7 @@ kind                       transformers (what it replaces)                     f
                                                                                view, Triton backend
 =========================  ==================================================  =====================================
 
-How it is chosen, as :mod:`videosft.kernels` does for the Gated-DeltaNet:
+How it is chosen, as :mod:`videosft.gated_deltanet` does for the Gated-DeltaNet:
 
 * ``requested`` = ``auto`` (fla on a CUDA device when it imports, else nothing changes), ``fla``
   (an error if fla cannot run) or ``torch`` (transformers' forwards, undoing an earlier binding);
@@ -36,7 +36,7 @@ How it is chosen, as :mod:`videosft.kernels` does for the Gated-DeltaNet:
 * Before anything is bound, every distinct (kind, class, shape) is checked on the device: the fused
   forward with bf16 inputs against the module's original forward with the same values in fp32
   (TF32 off), output and the gradient of every input and of the weight, relative error
-  ||x - ref|| / ||ref|| <= :data:`videosft.kernels.RELATIVE_ERROR_BOUND`, at the run's longest
+  ||x - ref|| / ||ref|| <= :data:`videosft.gated_deltanet.RELATIVE_ERROR_BOUND`, at the run's longest
   sequence (capped at 8192 tokens) and at 201 tokens (odd, so every row tile and 64-token chunk
   ends partial). Norms over heads get tokens x heads rows, as in the model. Weights are random
   (the built ones are all zeros or all ones, which would hide w vs 1 + w) and tensors are fresh:
@@ -46,7 +46,7 @@ How it is chosen, as :mod:`videosft.kernels` does for the Gated-DeltaNet:
 * Module forwards are replaced per instance (``module.forward``, a bound method), and they read
   ``self.weight`` when called, after DeepSpeed's pre-forward hook has gathered it. The causal
   convolution is a module-level function, so it is rebound in the modeling module, like
-  ``torch_chunk_gated_delta_rule`` in :mod:`videosft.kernels`.
+  ``torch_chunk_gated_delta_rule`` in :mod:`videosft.gated_deltanet`.
 
 Rounding. fla computes each fused expression in fp32 and rounds once, to the input's dtype;
 transformers rounds in between. In bf16 training:
@@ -83,9 +83,9 @@ import time
 import types
 from dataclasses import dataclass, field
 
-from .kernels import RELATIVE_ERROR_BOUND, KernelCheckError, _all_ranks_agree, check_parser, fla_import_status, \
+from .gated_deltanet import RELATIVE_ERROR_BOUND, KernelCheckError, _all_ranks_agree, check_parser, fla_import_status, \
     milliseconds_per_call, relative_errors
-from .kernels import check_lengths as kernel_check_lengths
+from .gated_deltanet import check_lengths as kernel_check_lengths
 
 ENV = "VIDEOSFT_FUSED_KERNELS"
 CHOICES = ("auto", "fla", "torch")
@@ -728,7 +728,7 @@ def build_meta_model(config_path):
     import torch
     from transformers import AutoConfig
 
-    from .keymap import model_class
+    from .checkpoint import model_class
 
     values = json.loads(config_path.read_text())
     config = AutoConfig.for_model(values.pop("model_type"), **values)

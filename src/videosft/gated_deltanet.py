@@ -21,7 +21,8 @@ is exact (fp32 inside) but slow. This module makes the choice explicit and check
   what runs is what the run record says, whatever transformers picked at import.
 
 Only the chunked form is switched: training never takes the recurrent (single-token, cached) path.
-The causal 1-D convolution before it, and the norms around it, are :mod:`videosft.fused`'s.
+The causal 1-D convolution before it, and the norms around it, are :mod:`videosft.fused`'s, which
+checks them with this module's comparison (bound, relative errors, agreement of the ranks).
 """
 
 from __future__ import annotations
@@ -347,7 +348,7 @@ def check_parser(description: str, short_tokens: int, time_help: str):
 def main(argv: list[str] | None = None) -> int:
     """Check fla against the torch implementation at a model's layer shapes; print one JSON object.
 
-        python -m videosft.kernels --model-config bench/configs/Qwen3.5-4B.json --tokens 13386 8192 200
+        python -m videosft.gated_deltanet --model-config bench/configs/Qwen3.5-4B.json --tokens 13386 8192 200
     """
     import json
 

@@ -18,7 +18,7 @@ activations that grow with the sample), extended to ZeRO-3, LoRA and video:
 
 Coefficients that cannot be derived exactly (the working-set multipliers) are named constants,
 calibrated against measured peaks (bench/RESULTS.md), one pair per kernel set: transformers' torch
-forwards, flash-linear-attention's Gated-DeltaNet alone (``videosft.kernels``), or with the fused
+forwards, flash-linear-attention's Gated-DeltaNet alone (``videosft.gated_deltanet``), or with the fused
 norms, SwiGLU and convolution too (``videosft.fused``).
 """
 
@@ -28,7 +28,7 @@ import os
 from dataclasses import dataclass
 
 from .fused import ENV as FUSED_ENV
-from .kernels import gpu_implementation
+from .gated_deltanet import gpu_implementation
 
 GIB = 2**30
 # One recomputed layer's forward + backward working set over its forward activations (the

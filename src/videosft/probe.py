@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 from . import config as config_lib
-from .keymap import CheckpointError, build_meta_model, extras_summary, map_checkpoint, read_checkpoint
+from .checkpoint import CheckpointError, build_meta_model, extras_summary, map_checkpoint, read_checkpoint
 from .lora import coverage
 from .memory import SampleFacts, flowchart, largest_frames, model_facts, plan_peak, planned_kernels
 from .provenance import exit_after, run_record, stage_parser, write_json

@@ -38,18 +38,18 @@ import numpy as np
 from . import autotune
 from . import config as config_lib
 from .adapter import gathered_lora_state, lora_parameters, save_adapter
-from .attention import batch_vision_attention
 from .batches import BatchesAhead, host_positions
 from .chat import IGNORE_INDEX
+from .checkpoint import build_meta_model, load_checkpoint, model_class
 from .errors import ConfigError, InputError
 from .fused import select_fused_kernels
-from .kernels import select_gated_delta_rule
-from .keymap import build_meta_model, load_checkpoint, model_class
+from .gated_deltanet import select_gated_delta_rule
 from .lora import target_module_names
 from .memory import ModelFacts, SampleFacts, plan_peak
 from .provenance import exit_after, path_fingerprint, run_record, stage_parser, write_json
 from .sample_store import read_samples, sample_files
 from .sampling import Cursor, DataError, check_every_rank_has_a_batch, check_ledgers, epoch_plan
+from .vision_attention import batch_vision_attention
 
 PROCESS_STARTED = time.time()  # torch, deepspeed and the kernels import after this
 

@@ -23,10 +23,10 @@ from pathlib import Path
 
 from . import config as config_lib
 from .adapter import ADAPTER_WEIGHTS, adapter_files
+from .checkpoint import model_class
 from .errors import UserError
 from .evaluate import evaluate
 from .evaluate import table as evaluation_table
-from .keymap import model_class
 from .provenance import exit_after, run_record, stage_parser, write_json
 from .sample_store import read_samples
 from .batches import collate
@@ -146,7 +146,7 @@ def forward_agreement(model, rows: list[dict], pad_id: int) -> dict:
     weight against its definition. Merges the model in place: call it last."""
     import torch
 
-    from .kernels import select_gated_delta_rule
+    from .gated_deltanet import select_gated_delta_rule
 
     device = next(model.parameters()).device
     dtype = next(model.parameters()).dtype

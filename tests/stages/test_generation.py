@@ -37,7 +37,7 @@ def test_batches_answer_as_one_prompt_at_a_time(prepared, demo_config, tmp_path)
     import torch
     from transformers import AutoConfig, AutoTokenizer
 
-    from videosft.keymap import model_class
+    from videosft.checkpoint import model_class
 
     rejects = Rejects(tmp_path / "rejects.jsonl")
     prompts = val_prompts(prepared, demo_config, rejects)

@@ -26,7 +26,7 @@ def adapter(demo_dir, tmp_path_factory) -> Path:
     from peft import LoraConfig, get_peft_model
     from transformers import AutoConfig
 
-    from videosft.keymap import model_class
+    from videosft.checkpoint import model_class
 
     model_dir = demo_dir / "model"
     base = model_class(AutoConfig.from_pretrained(model_dir)).from_pretrained(model_dir, dtype=torch.float32)
@@ -188,7 +188,7 @@ def test_export_merges_into_a_checkpoint_that_loads_and_answers_like_base_plus_a
     from transformers import AutoConfig
 
     from videosft.batches import collate
-    from videosft.keymap import model_class
+    from videosft.checkpoint import model_class
 
     model_dir = Path(demo_config["model"]["path"])
     out = tmp_path / "merged"

@@ -144,7 +144,7 @@ def test_verify_fails_on_a_tampered_adapter(trained, prepared, demo_config, tmp_
 def test_loss_on_supervised_positions_equals_the_full_logits_loss(prepared, demo_config):
     from transformers import AutoConfig
 
-    from videosft.keymap import model_class
+    from videosft.checkpoint import model_class
     from videosft.batches import collate
     from videosft.train import supervised_loss
 
@@ -168,7 +168,7 @@ import datetime, json, sys
 from pathlib import Path
 import deepspeed, torch
 from videosft import config as config_lib
-from videosft.keymap import load_checkpoint, verify_loaded
+from videosft.checkpoint import load_checkpoint, verify_loaded
 from videosft.train import build_partitioned_model, deepspeed_config
 
 model_dir, probe, out = Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3])

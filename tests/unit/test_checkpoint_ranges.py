@@ -9,7 +9,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from videosft.keymap import read_elements
+from videosft.checkpoint import read_elements
 
 
 def test_element_ranges_equal_the_flattened_tensor(tmp_path):

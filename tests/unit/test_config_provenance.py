@@ -40,9 +40,9 @@ def test_stage_sections_are_all_a_stage_gets():
 
 def test_stage_sources_follow_imports():
     names = {path.name for path in provenance.stage_sources("train")}
-    assert {"train.py", "provenance.py", "config.py", "keymap.py", "lora.py", "chat.py"} <= names
+    assert {"train.py", "provenance.py", "config.py", "checkpoint.py", "lora.py", "chat.py"} <= names
     assert "verify.py" not in names and "demo.py" not in names
-    assert {path.name for path in provenance.stage_sources("probe")} >= {"probe.py", "keymap.py", "lora.py"}
+    assert {path.name for path in provenance.stage_sources("probe")} >= {"probe.py", "checkpoint.py", "lora.py"}
 
 
 def test_run_record_names_interpreter_versions_and_hashes(tmp_path, monkeypatch):

@@ -11,7 +11,7 @@ import transformers.models.qwen3_5.modeling_qwen3_5 as modeling
 
 from conftest import scale_gradient
 from videosft import fused
-from videosft.kernels import RELATIVE_ERROR_BOUND, KernelCheckError
+from videosft.gated_deltanet import RELATIVE_ERROR_BOUND, KernelCheckError
 
 CPU = torch.device("cpu")
 LENGTHS = [40, 7]

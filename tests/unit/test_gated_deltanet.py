@@ -7,7 +7,7 @@ import torch
 import transformers.models.qwen3_5.modeling_qwen3_5 as modeling
 
 from conftest import scale_gradient
-from videosft import kernels
+from videosft import gated_deltanet
 
 SHAPE = (1, 2, 8, 8)  # key heads, value heads (grouped), key dim, value dim
 LENGTHS = [70]  # one full chunk of 64 and a partial one
@@ -16,17 +16,17 @@ CPU = torch.device("cpu")
 
 @pytest.fixture
 def reference():
-    return kernels.torch_reference(modeling.torch_chunk_gated_delta_rule)
+    return gated_deltanet.torch_reference(modeling.torch_chunk_gated_delta_rule)
 
 
 def test_the_reference_unwraps_to_transformers_torch_function(reference):
-    assert reference.__module__ == modeling.__name__ and reference.__name__ == kernels.NAME
+    assert reference.__module__ == modeling.__name__ and reference.__name__ == gated_deltanet.NAME
     # our own wrappers unwrap to it too, so a second selection still compares against torch
-    assert kernels.torch_reference(kernels.torch_implementation(reference)) is reference
+    assert gated_deltanet.torch_reference(gated_deltanet.torch_implementation(reference)) is reference
 
 
 def test_torch_in_bf16_passes_against_itself_in_fp32(reference):
-    rows = kernels.check_gated_delta_rule(kernels.torch_implementation(reference), reference, [SHAPE], LENGTHS, CPU)
+    rows = gated_deltanet.check_gated_delta_rule(gated_deltanet.torch_implementation(reference), reference, [SHAPE], LENGTHS, CPU)
     assert [(r["tokens"], r["gate"]) for r in rows] == [(70, "init"), (70, "slow")]
     for row in rows:
         assert set(row["relative_errors"]) == {"out", "dquery", "dkey", "dvalue", "dg", "dbeta"}
@@ -39,7 +39,7 @@ def test_a_wrong_output_fails(reference):
         out, state = reference(query, key, value, g, beta, **kwargs)
         return out * 1.03, state
 
-    rows = kernels.check_gated_delta_rule(off, reference, [SHAPE], LENGTHS, CPU)
+    rows = gated_deltanet.check_gated_delta_rule(off, reference, [SHAPE], LENGTHS, CPU)
     assert not any(r["passed"] for r in rows)
     assert all(r["relative_errors"]["out"] == pytest.approx(0.03, rel=0.1) for r in rows)
 
@@ -48,23 +48,23 @@ def test_a_wrong_gradient_alone_fails(reference):
     def wrong_dbeta(query, key, value, g, beta, **kwargs):  # the class of bug behind fla #640
         return reference(query, key, value, g, scale_gradient(beta, 1.05), **kwargs)
 
-    rows = kernels.check_gated_delta_rule(wrong_dbeta, reference, [SHAPE], LENGTHS, CPU)
+    rows = gated_deltanet.check_gated_delta_rule(wrong_dbeta, reference, [SHAPE], LENGTHS, CPU)
     for row in rows:
         assert not row["passed"]
-        assert row["relative_errors"]["out"] < 5e-3 and row["relative_errors"]["dbeta"] > kernels.RELATIVE_ERROR_BOUND
-        assert max(v for k, v in row["relative_errors"].items() if k != "dbeta") <= kernels.RELATIVE_ERROR_BOUND
+        assert row["relative_errors"]["out"] < 5e-3 and row["relative_errors"]["dbeta"] > gated_deltanet.RELATIVE_ERROR_BOUND
+        assert max(v for k, v in row["relative_errors"].items() if k != "dbeta") <= gated_deltanet.RELATIVE_ERROR_BOUND
 
 
 def test_relative_errors_are_norm_ratios():
     ref = {"a": torch.tensor([3.0, 4.0]), "z": torch.zeros(2)}
-    errors = kernels.relative_errors({"a": torch.tensor([3.0, 4.5]), "z": torch.zeros(2)}, ref)
+    errors = gated_deltanet.relative_errors({"a": torch.tensor([3.0, 4.5]), "z": torch.zeros(2)}, ref)
     assert errors == {"a": pytest.approx(0.1), "z": 0.0}
-    assert kernels.relative_errors({"z": torch.ones(2)}, {"z": torch.zeros(2)})["z"] == float("inf")
+    assert gated_deltanet.relative_errors({"z": torch.ones(2)}, {"z": torch.zeros(2)})["z"] == float("inf")
 
 
 def test_unknown_gate_regime_is_refused():
     with pytest.raises(ValueError, match="gate regime"):
-        kernels.check_inputs(SHAPE, 8, "fast", CPU)
+        gated_deltanet.check_inputs(SHAPE, 8, "fast", CPU)
 
 
 def _tiny_model():
@@ -77,36 +77,36 @@ def _tiny_model():
 
 
 def test_selection_on_cpu_binds_torch_and_says_why(monkeypatch):
-    monkeypatch.setattr(modeling, kernels.NAME, modeling.torch_chunk_gated_delta_rule)  # restored afterwards
-    monkeypatch.delenv(kernels.ENV, raising=False)
-    record = kernels.select_gated_delta_rule(_tiny_model(), CPU, 500)
+    monkeypatch.setattr(modeling, gated_deltanet.NAME, modeling.torch_chunk_gated_delta_rule)  # restored afterwards
+    monkeypatch.delenv(gated_deltanet.ENV, raising=False)
+    record = gated_deltanet.select_gated_delta_rule(_tiny_model(), CPU, 500)
     assert record["implementation"] == "torch" and record["layer_shapes"] == [[1, 2, 8, 8]]
     assert record["reason"] in ("fla does not import", "no CUDA device")
-    assert getattr(modeling, kernels.NAME).implementation == "torch"
+    assert getattr(modeling, gated_deltanet.NAME).implementation == "torch"
     with pytest.raises(ValueError, match="packed sequences"):
-        getattr(modeling, kernels.NAME)(*[None] * 5, cu_seqlens=torch.tensor([0, 4]))
+        getattr(modeling, gated_deltanet.NAME)(*[None] * 5, cu_seqlens=torch.tensor([0, 4]))
 
 
 def test_asking_for_fla_where_it_cannot_run_is_an_error(monkeypatch):
-    monkeypatch.setattr(modeling, kernels.NAME, modeling.torch_chunk_gated_delta_rule)
-    monkeypatch.setenv(kernels.ENV, "fla")
-    with pytest.raises(kernels.KernelCheckError, match="cannot run here"):
-        kernels.select_gated_delta_rule(_tiny_model(), CPU, 500)
-    monkeypatch.setenv(kernels.ENV, "fast")
+    monkeypatch.setattr(modeling, gated_deltanet.NAME, modeling.torch_chunk_gated_delta_rule)
+    monkeypatch.setenv(gated_deltanet.ENV, "fla")
+    with pytest.raises(gated_deltanet.KernelCheckError, match="cannot run here"):
+        gated_deltanet.select_gated_delta_rule(_tiny_model(), CPU, 500)
+    monkeypatch.setenv(gated_deltanet.ENV, "fast")
     with pytest.raises(ValueError, match="choose one of"):
-        kernels.select_gated_delta_rule(_tiny_model(), CPU, 500)
+        gated_deltanet.select_gated_delta_rule(_tiny_model(), CPU, 500)
 
 
 def test_a_model_without_linear_attention_needs_no_choice():
-    assert kernels.select_gated_delta_rule(torch.nn.Linear(2, 2), CPU, 10)["implementation"] is None
+    assert gated_deltanet.select_gated_delta_rule(torch.nn.Linear(2, 2), CPU, 10)["implementation"] is None
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="fla's Triton kernels need a CUDA GPU; the CPU tests above "
                     "check the comparison with the torch implementation on both sides")
 def test_fla_matches_torch_at_qwen35_4b_shape(reference):
-    if not kernels.fla_status()["importable"]:
-        pytest.skip(f"fla does not import: {kernels.fla_status()['error']}")
-    kernels.bypass_hopper_guard()
-    rows = kernels.check_gated_delta_rule(kernels.fla_implementation(reference), reference, [(16, 32, 128, 128)],
+    if not gated_deltanet.fla_status()["importable"]:
+        pytest.skip(f"fla does not import: {gated_deltanet.fla_status()['error']}")
+    gated_deltanet.bypass_hopper_guard()
+    rows = gated_deltanet.check_gated_delta_rule(gated_deltanet.fla_implementation(reference), reference, [(16, 32, 128, 128)],
                                           [1000, 200], torch.device("cuda"))
     assert all(r["passed"] for r in rows), rows

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from videosft.attention import batch_vision_attention, equal_chunk_length
+from videosft.vision_attention import batch_vision_attention, equal_chunk_length
 
 
 @pytest.fixture(scope="module")
