@@ -106,6 +106,11 @@ def test_every_val_video_gets_ranges_and_timelines_an_editor_opens(predicted, pr
     val_videos = {row["video"] for row in pq.read_table(prepared / "window" / "windows.parquet").to_pylist()
                   if row["split"] == "val"}
     assert summary["predicted"] == len(val_videos) == len(summary["outputs"]) > 0
+    seconds = summary["seconds"]  # where predict's time goes (bench/ reads it)
+    assert set(seconds) == {"load_model", "open", "decode", "preprocess", "generate"}
+    assert all(value > 0 for value in seconds.values()), seconds
+    busy = sum(seconds.values()) - seconds["load_model"]
+    assert summary["windows_per_second"] == pytest.approx(summary["windows"] / busy)
     for name, files in summary["outputs"].items():
         keep = json.loads((Path(files["otio"]).parent / "keep.json").read_text())
         assert all(w["answer"] is not None and "ranges" in w and isinstance(w["degenerate"], bool)

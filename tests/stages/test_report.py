@@ -1,5 +1,5 @@
 """The report stage: figures from the other stages' real outputs, placeholders for missing ones,
-the evaluation table, and `snakemake --report report.html` after a full run."""
+and the evaluation table (`snakemake --report report.html` after a full run: tests/workflow/test_workflow.py)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pathlib import Path
 import matplotlib.image
 import pytest
 
-from conftest import PROJECT, copy_checkout, snakemake, stage_json
+from conftest import PROJECT, stage_json
 from videosft import report
 
 FIGURES = report.FIGURES
@@ -247,20 +247,3 @@ def test_the_report_stage_runs_as_a_module():
     result = subprocess.run([sys.executable, "-m", "videosft.report", "--help"], capture_output=True, text=True,
                             timeout=60, cwd=PROJECT)
     assert result.returncode == 0 and "--verify" in result.stdout and "--train" in result.stdout
-
-
-@pytest.mark.slow
-def test_snakemake_report_embeds_the_figures_after_a_full_run(tmp_path):
-    copy_checkout(tmp_path)
-    result = snakemake(tmp_path, "--cores", "2")
-    logs = "\n".join(f"--- {p}\n{p.read_text()[-2000:]}" for p in sorted((tmp_path / "logs").rglob("*.log")))
-    assert result.returncode == 0, result.stderr[-4000:] + logs
-    record = json.loads((tmp_path / "results/report/run_record.json").read_text())
-    assert record["status"] == "ok" and record["results"]["placeholders"] == [], record["results"]
-    assert (tmp_path / "logs/report/report.log").exists()
-
-    result = snakemake(tmp_path, "--report", "report.html")
-    assert result.returncode == 0, result.stderr[-4000:]
-    page = (tmp_path / "report.html").read_text()
-    for name in [*(f"{figure}.png" for figure in FIGURES), "evaluation.html"]:
-        assert name in page, f"{name} is not in report.html"

@@ -96,6 +96,18 @@ def test_every_stage_writes_its_outputs_and_a_run_record(full_run):
         assert (full_run / "logs" / rule / f"{rule}.log").exists()
 
 
+def test_snakemake_report_embeds_every_figure(full_run):
+    from videosft.report import FIGURES
+
+    record = json.loads((full_run / "results/report/run_record.json").read_text())
+    assert record["status"] == "ok" and record["results"]["placeholders"] == [], record["results"]
+    result = snakemake(full_run, "--report", "report.html")
+    assert result.returncode == 0, result.stderr[-4000:]
+    page = (full_run / "report.html").read_text()
+    for name in [*(f"{figure}.png" for figure in FIGURES), "evaluation.html"]:
+        assert name in page, f"{name} is not in report.html"
+
+
 def test_nothing_to_do_after_a_full_run(full_run):
     result = snakemake(full_run, "-n")
     assert result.returncode == 0
