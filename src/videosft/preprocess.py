@@ -30,6 +30,7 @@ from .budget import resolve_budget
 from .encoding import build_sample, processor_geometry, tells_time_by_grid
 from .errors import InputError
 from .layout import layout_name
+from .progress import ProgressLine
 from .provenance import exit_after, run_record, sha256_file, stage_parser, write_json
 from .rejects import Rejects
 from .sample_store import SCHEMA_VERSION, ShardWriter, write_manifest
@@ -108,18 +109,23 @@ def run_shard(windows_path: Path, out_dir: Path, cfg: dict, shard: int, shards: 
         by_video[window["video"]].append(window)
     facts: dict[str, list] = defaultdict(list)
     root = Path(cfg["data"]["root"])
+    shown = ProgressLine(f"preprocess shard {shard}/{shards}", len(windows), "windows", every=PROGRESS_SECONDS)
     for video_name, video_windows in by_video.items():
         try:
             video = VideoFile(resolve_video(root, video_name))
         except Exception as error:
             for window in video_windows:
                 rejects.add(window["window_id"], error, video=video_name)
+            shown.advance(len(video_windows), note=f"{len(rejects)} rejected")
             continue
         for window in video_windows:
             try:
                 sample = build_sample(window, video, processor, cfg, budget, geometry)
             except Exception as error:  # one bad window never loses the others
                 rejects.add(window["window_id"], error, video=video_name)
+                sample = None
+            shown.advance(note=f"{len(rejects)} rejected")
+            if sample is None:
                 continue
             writer.add(sample)
             for key in FACTS:
@@ -133,6 +139,7 @@ def run_shard(windows_path: Path, out_dir: Path, cfg: dict, shard: int, shards: 
           f"{len(windows)} windows, {len(rejects)} rejected")
 
 
+PROGRESS_SECONDS = 30.0  # the log's progress line: the first and last window, and one every this many seconds
 FACTS = ("visual_tokens", "text_tokens", "input_tokens", "supervised_tokens", "decode_seconds", "budget_max_tokens")
 
 

@@ -46,6 +46,7 @@ from .fused import select_fused_kernels
 from .gated_deltanet import select_gated_delta_rule
 from .lora import target_module_names
 from .memory import ModelFacts, SampleFacts, plan_peak
+from .progress import ProgressLine
 from .provenance import exit_after, path_fingerprint, run_record, stage_parser, write_json
 from .sample_store import read_samples, sample_files
 from .sampling import Cursor, DataError, check_every_rank_has_a_batch, check_ledgers, epoch_plan
@@ -53,6 +54,7 @@ from .vision_attention import batch_vision_attention
 
 PROCESS_STARTED = time.time()  # torch, deepspeed and the kernels import after this
 
+PROGRESS_SECONDS = 30.0  # the log's progress line: the first and last step, and one every this many seconds
 SHM_COMM_OP = "deepspeed_shm_comm"  # DeepSpeed's name for its CPU shared-memory collectives op
 
 
@@ -426,6 +428,7 @@ def run_steps(run: Run, built: Built, cursor: Cursor, first_step: int, identity:
         if nonzero_b:
             raise RuntimeError(f"LoRA B matrices start non-zero: {nonzero_b[:3]}; the update check assumes B = 0")
     progress = Progress()
+    shown = ProgressLine("train", train_cfg["steps"] - first_step, "steps", every=PROGRESS_SECONDS)
     steps_log = open(run.out / f"steps.rank{rank}.jsonl", "a")
     ledger = open(run.out / f"ledger.rank{rank}.jsonl", "a")
     engine.train()
@@ -481,8 +484,8 @@ def run_steps(run: Run, built: Built, cursor: Cursor, first_step: int, identity:
         if step == first_step and rank == 0 and device.type == "cuda":
             save_autotune_choices(run, built)  # complete after one step; kept even if the run dies later
         if rank == 0:
-            print(f"step {step}: loss {step_loss:.4f} lr {entry['lr']:.2e} grad norm {entry['grad_norm']} "
-                  f"{elapsed:.2f} s", flush=True)
+            shown.advance(note=f"step {step}: loss {step_loss:.4f} lr {entry['lr']:.2e} grad norm "
+                               f"{_shown_float(entry['grad_norm'])} {elapsed:.2f} s {entry['tokens_per_second']:.0f} tokens/s")
         if step == first_step + 1:
             # lora_B starts at zero, so lora_A gets no gradient on the first step by construction:
             # only after the second step must every LoRA tensor have moved.
@@ -532,6 +535,10 @@ def finish(run: Run, built: Built, progress: Progress, resumed_from_step: int | 
 def save_autotune_choices(run: Run, built: Built) -> None:
     """This GPU model's autotuning choices as a table a later run can restore (autotune.ENV)."""
     built.kernels["autotune"]["saved_kernels"] = autotune.save(run.out / "autotune.json", run.device, " ".join(sys.argv))
+
+
+def _shown_float(value) -> str:
+    return "n/a" if value is None else f"{value:.3g}"
 
 
 def kernel_set(kernels: dict) -> str:
