@@ -54,6 +54,7 @@ from .vision_attention import batch_vision_attention
 
 PROCESS_STARTED = time.time()  # torch, deepspeed and the kernels import after this
 
+TENSORBOARD = "tensorboard"  # results/train/tensorboard/rank<r>: `tensorboard --logdir results/train/tensorboard`
 PROGRESS_SECONDS = 30.0  # the log's progress line: the first and last step, and one every this many seconds
 SHM_COMM_OP = "deepspeed_shm_comm"  # DeepSpeed's name for its CPU shared-memory collectives op
 
@@ -412,6 +413,7 @@ def start_or_resume(run: Run, engine, resume: bool, identity: dict) -> tuple[Cur
         for stale in run.out.glob("*.rank*.jsonl"):
             stale.unlink()
         shutil.rmtree(checkpoints, ignore_errors=True)
+        shutil.rmtree(run.out / TENSORBOARD, ignore_errors=True)
     torch_dist.barrier()
     trim_logs(run.out, run.rank, first_step)
     return cursor, first_step
@@ -429,6 +431,7 @@ def run_steps(run: Run, built: Built, cursor: Cursor, first_step: int, identity:
             raise RuntimeError(f"LoRA B matrices start non-zero: {nonzero_b[:3]}; the update check assumes B = 0")
     progress = Progress()
     shown = ProgressLine("train", train_cfg["steps"] - first_step, "steps", every=PROGRESS_SECONDS)
+    board = scalar_board(run.out, rank, first_step)
     steps_log = open(run.out / f"steps.rank{rank}.jsonl", "a")
     ledger = open(run.out / f"ledger.rank{rank}.jsonl", "a")
     engine.train()
@@ -481,6 +484,9 @@ def run_steps(run: Run, built: Built, cursor: Cursor, first_step: int, identity:
         }
         steps_log.write(json.dumps(entry) + "\n")
         steps_log.flush()
+        for key in ("loss", "lr", "grad_norm", "tokens_per_second", *memory):
+            if entry[key] is not None:
+                board.add_scalar(f"{'memory' if key in memory else 'train'}/{key}", entry[key], step)
         if step == first_step and rank == 0 and device.type == "cuda":
             save_autotune_choices(run, built)  # complete after one step; kept even if the run dies later
         if rank == 0:
@@ -499,6 +505,7 @@ def run_steps(run: Run, built: Built, cursor: Cursor, first_step: int, identity:
     batches.close()
     steps_log.close()
     ledger.close()
+    board.close()
     return progress
 
 
@@ -661,6 +668,14 @@ def set_rng_state(state: dict) -> None:
     torch.set_rng_state(torch.tensor(state["torch"], dtype=torch.uint8))
     if "cuda" in state:
         torch.cuda.set_rng_state(torch.tensor(state["cuda"], dtype=torch.uint8))
+
+
+def scalar_board(out: Path, rank: int, first_step: int):
+    """This rank's TensorBoard event files: loss, learning rate, gradient norm, tokens/s and peak memory per step.
+    On resume, ``purge_step`` hides the earlier run's points from the checkpoint's step on (they run again)."""
+    from tensorboardX import SummaryWriter
+
+    return SummaryWriter(str(out / TENSORBOARD / f"rank{rank}"), purge_step=first_step or None, flush_secs=10)
 
 
 def trim_logs(out: Path, rank: int, first_step: int) -> None:

@@ -90,6 +90,35 @@ def test_each_rank_reads_its_own_samples_and_the_ledger_covers_the_split(trained
     assert set(per_rank[0]) | set(per_rank[1]) == train_ids  # 4 steps x 2 ranks = all 8 train windows
 
 
+def tensorboard_scalars(directory: Path) -> dict[str, list[tuple[int, float]]]:
+    """tag -> [(step, value)] from TensorBoard event files (TFRecords of Event protos), as TensorBoard reads them."""
+    import struct
+
+    from tensorboardX.proto import event_pb2
+
+    scalars: dict[str, list[tuple[int, float]]] = {}
+    for path in sorted(directory.glob("events.out.tfevents.*")):
+        data, offset = path.read_bytes(), 0
+        while offset < len(data):
+            (length,) = struct.unpack("<Q", data[offset:offset + 8])
+            event = event_pb2.Event.FromString(data[offset + 12:offset + 12 + length])
+            offset += 12 + length + 4  # length, its CRC, the record, its CRC
+            for value in event.summary.value:
+                scalars.setdefault(value.tag, []).append((event.step, value.simple_value))
+    return scalars
+
+
+def test_each_rank_writes_its_steps_for_tensorboard(trained):
+    for rank in (0, 1):
+        steps = [json.loads(line) for line in (trained / f"steps.rank{rank}.jsonl").read_text().splitlines()]
+        scalars = tensorboard_scalars(trained / "tensorboard" / f"rank{rank}")
+        assert {"train/loss", "train/lr", "train/grad_norm", "train/tokens_per_second", "memory/peak_rss_gib"} <= set(scalars)
+        for key, tag in (("loss", "train/loss"), ("tokens_per_second", "train/tokens_per_second"),
+                         ("peak_rss_gib", "memory/peak_rss_gib")):
+            assert [step for step, _ in scalars[tag]] == [s["step"] for s in steps]
+            assert [value for _, value in scalars[tag]] == pytest.approx([s[key] for s in steps], rel=1e-6)  # float32
+
+
 def test_a_rank_without_a_batch_fails_at_once_naming_it(prepared, demo_config, tmp_path):
     import pyarrow.parquet as pq
 
