@@ -109,7 +109,7 @@ def run_shard(windows_path: Path, out_dir: Path, cfg: dict, shard: int, shards: 
         by_video[window["video"]].append(window)
     facts: dict[str, list] = defaultdict(list)
     root = Path(cfg["data"]["root"])
-    shown = ProgressLine(f"preprocess shard {shard}/{shards}", len(windows), "windows", every=PROGRESS_SECONDS)
+    shown = ProgressLine(f"preprocess shard {shard}/{shards}", len(windows), "windows")
     for video_name, video_windows in by_video.items():
         try:
             video = VideoFile(resolve_video(root, video_name))
@@ -139,7 +139,6 @@ def run_shard(windows_path: Path, out_dir: Path, cfg: dict, shard: int, shards: 
           f"{len(windows)} windows, {len(rejects)} rejected")
 
 
-PROGRESS_SECONDS = 30.0  # the log's progress line: the first and last window, and one every this many seconds
 FACTS = ("visual_tokens", "text_tokens", "input_tokens", "supervised_tokens", "decode_seconds", "budget_max_tokens")
 
 

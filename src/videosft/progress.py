@@ -25,7 +25,7 @@ class ProgressLine:
     """``what`` done of ``total`` ``unit``: a line at the first item, then at most every ``every``
     seconds, and at the last; rate and time left are measured from the first item on."""
 
-    def __init__(self, what: str, total: int, unit: str, every: float = 30.0,
+    def __init__(self, what: str, total: int, unit: str, every: float = 30.0,  # README: "one every 30 s"
                  clock: Callable[[], float] = time.monotonic, write: Callable[[str], None] | None = None):
         self.what, self.total, self.unit, self.every, self.clock = what, total, unit, every, clock
         self.write = write or (lambda line: print(line, flush=True))

@@ -55,7 +55,6 @@ from .vision_attention import batch_vision_attention
 PROCESS_STARTED = time.time()  # torch, deepspeed and the kernels import after this
 
 TENSORBOARD = "tensorboard"  # results/train/tensorboard/rank<r>: `tensorboard --logdir results/train/tensorboard`
-PROGRESS_SECONDS = 30.0  # the log's progress line: the first and last step, and one every this many seconds
 SHM_COMM_OP = "deepspeed_shm_comm"  # DeepSpeed's name for its CPU shared-memory collectives op
 
 
@@ -430,7 +429,7 @@ def run_steps(run: Run, built: Built, cursor: Cursor, first_step: int, identity:
         if nonzero_b:
             raise RuntimeError(f"LoRA B matrices start non-zero: {nonzero_b[:3]}; the update check assumes B = 0")
     progress = Progress()
-    shown = ProgressLine("train", train_cfg["steps"] - first_step, "steps", every=PROGRESS_SECONDS)
+    shown = ProgressLine("train", train_cfg["steps"] - first_step, "steps")
     board = scalar_board(run.out, rank, first_step)
     steps_log = open(run.out / f"steps.rank{rank}.jsonl", "a")
     ledger = open(run.out / f"ledger.rank{rank}.jsonl", "a")
