@@ -29,10 +29,12 @@ import sys
 from pathlib import Path
 
 from .errors import ConfigError
+from .provenance import package_versions
 
 ENV = "VIDEOSFT_AUTOTUNE"
 TABLES = Path(__file__).with_name("autotune_tables")
 VERSION = 1
+PACKAGES = ("triton", "fla-core")  # what a table's choices depend on, recorded beside them
 
 
 def gpu_model(device) -> str:
@@ -91,18 +93,6 @@ def restore(kernels: dict[str, list], tuners: dict[str, object]) -> dict:
     return {"restored": restored, "stale": sorted(set(stale)), "absent": sorted(absent)}
 
 
-def versions() -> dict:
-    from importlib.metadata import PackageNotFoundError, version
-
-    found = {}
-    for package in ("triton", "fla-core"):
-        try:
-            found[package] = version(package)
-        except PackageNotFoundError:
-            found[package] = None
-    return found
-
-
 def table_path(device, requested: str | None = None) -> Path | None:
     requested = requested or os.environ.get(ENV, "table")
     if requested == "full":
@@ -136,7 +126,8 @@ def apply(device, requested: str | None = None) -> dict:
         kernels = table["kernels"]
     except (OSError, ValueError, KeyError, TypeError) as error:
         raise ConfigError(f"{path}: not an autotune table ({error}); remove it or set {ENV}=full") from None
-    record.update(table=str(path), table_versions=table.get("versions"), installed_versions=versions(),
+    record.update(table=str(path), table_versions=table.get("versions"),
+                  installed_versions=package_versions(PACKAGES),
                   **restore(kernels, autotuners()))
     return record
 
@@ -145,6 +136,7 @@ def save(path: Path, device, command: str = "") -> int:
     """Write this process's autotuning choices as a table for this GPU model; the number of kernels."""
     kernels = choices(autotuners())
     if kernels:
-        path.write_text(json.dumps({"version": VERSION, "gpu": gpu_model(device), "versions": versions(),
+        path.write_text(json.dumps({"version": VERSION, "gpu": gpu_model(device),
+                                    "versions": package_versions(PACKAGES),
                                     "written_by": command, "kernels": kernels}, indent=1, default=str) + "\n")
     return len(kernels)

@@ -23,7 +23,7 @@ import subprocess
 import sys
 import traceback
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator
 
 from .errors import UserError
 
@@ -230,9 +230,9 @@ def config_hash(section: Any) -> str:
     return hashlib.sha256(json.dumps(section, sort_keys=True).encode()).hexdigest()
 
 
-def package_versions() -> dict[str, str | None]:
+def package_versions(names: Iterable[str] = PACKAGES) -> dict[str, str | None]:
     versions: dict[str, str | None] = {}
-    for name in PACKAGES:
+    for name in names:
         try:
             versions[name] = importlib.metadata.version(name)
         except importlib.metadata.PackageNotFoundError:
