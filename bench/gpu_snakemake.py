@@ -251,11 +251,16 @@ def pipeline(args, results: dict) -> None:
     config_path = work / "gpu.yaml"
     config_path.write_text(json.dumps(config, indent=1))
     results["setup_seconds"] = time.perf_counter() - started
-    results["probe_run_seconds"] = snakemake(work, config_path, args.cores, args.gpus, "results/probe/probe.json", log=log)
-    plan = json.loads((work / "results/probe/probe.json").read_text())["memory"]["per_world_size"][str(args.gpus)]
-    planned = plan["largest_frames_under_limit"]
+    if args.frames:  # a frame count known from an earlier plan: no planning run
+        planned, plan = args.frames, None
+        say(f"training at the given {planned} frames")
+    else:
+        results["probe_run_seconds"] = snakemake(work, config_path, args.cores, args.gpus, "results/probe/probe.json",
+                                                 log=log)
+        plan = json.loads((work / "results/probe/probe.json").read_text())["memory"]["per_world_size"][str(args.gpus)]
+        planned = plan["largest_frames_under_limit"]
+        say(f"plan: {planned} frames fit {args.gpu_memory_gib} GiB on {args.gpus} GPU(s)")
     frames = min(planned, int(window * 2))  # 2 fps: a window holds this many
-    say(f"plan: {planned} frames fit {args.gpu_memory_gib} GiB on {args.gpus} GPU(s); training at {frames}")
     results["plan"] = {"largest_frames_under_limit": planned, "frames_used": frames,
                        "window_seconds": window, "at_probe_frames": plan}
     config["video"]["max_frames"] = frames
@@ -286,6 +291,9 @@ def pipeline(args, results: dict) -> None:
 
 
 def print_table(results: dict) -> None:
+    if "train" not in results:  # stopped before train ended: what there is
+        print(json.dumps({k: v for k, v in results.items() if k != "train_steps_rank0"}, default=str)[:4000])
+        return
     train, plan = results["train"], results["plan"]
     print(f"\n== snakemake on {results['gpus']} GPU(s), {results['gpu_memory_gib']} GiB cap per GPU")
     print(f"plan: largest frames under the cap {plan['largest_frames_under_limit']}, used {plan['frames_used']} "
@@ -328,6 +336,7 @@ def main() -> None:
     go.add_argument("--tokens-per-frame-pair", type=int, default=256)
     go.add_argument("--probe-frames", type=int, default=64, help="frames per window for the first probe")
     go.add_argument("--steps", type=int, default=8)
+    go.add_argument("--frames", type=int, help="train at this frame count instead of the plan's (no planning run)")
     go.add_argument("--until-train", action="store_true")
     go.add_argument("--predict", type=int, nargs="*", default=[], help="frame counts to run predict at")
     go.add_argument("--deadline", type=float, default=float("inf"),

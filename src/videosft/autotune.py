@@ -25,6 +25,7 @@ import importlib.util
 import json
 import os
 import re
+import signal
 import sys
 from pathlib import Path
 
@@ -132,11 +133,29 @@ def apply(device, requested: str | None = None) -> dict:
     return record
 
 
-def save(path: Path, device, command: str = "") -> int:
-    """Write this process's autotuning choices as a table for this GPU model; the number of kernels."""
-    kernels = choices(autotuners())
+def save(path: Path, gpu: str, command: str = "", prefix: str = "fla") -> int:
+    """Write this process's autotuning choices as a table for the GPU model ``gpu`` (:func:`gpu_model`);
+    the number of kernels."""
+    kernels = choices(autotuners(prefix))
     if kernels:
-        path.write_text(json.dumps({"version": VERSION, "gpu": gpu_model(device),
-                                    "versions": package_versions(PACKAGES),
+        Path(path).write_text(json.dumps({"version": VERSION, "gpu": gpu, "versions": package_versions(PACKAGES),
                                     "written_by": command, "kernels": kernels}, indent=1, default=str) + "\n")
     return len(kernels)
+
+
+def save_when_stopped(path: Path, gpu: str, command: str = "", prefix: str = "fla") -> None:
+    """Also :func:`save` when the process is stopped (SIGTERM: a deadline, Slurm's time limit,
+    scancel): a first run stopped while autotuning still leaves the choices it made to the next."""
+    previous = signal.getsignal(signal.SIGTERM)
+
+    def stopped(signum, frame):
+        try:
+            save(path, gpu, command, prefix)
+        finally:  # the stop goes on, saved or not
+            if callable(previous):
+                previous(signum, frame)
+            else:  # the default (or ignored) disposition, as if this handler had never been there
+                signal.signal(signum, previous if previous is not None else signal.SIG_DFL)
+                os.kill(os.getpid(), signum)
+
+    signal.signal(signal.SIGTERM, stopped)

@@ -85,3 +85,35 @@ def test_nothing_is_restored_off_a_gpu():
     import torch
 
     assert autotune.apply(torch.device("cpu")) == {"requested": "table", "table": None, "restored": 0}
+
+
+STOPPED_RUN = """
+import os, signal, sys
+import triton
+import triton.language as tl
+from videosft import autotune
+
+@triton.autotune(configs=[triton.Config({"BLOCK": 16}, num_warps=2)], key=["n"])
+@triton.jit
+def kernel(x_ptr, n, BLOCK: tl.constexpr):
+    tl.store(x_ptr + tl.arange(0, BLOCK), tl.load(x_ptr + tl.arange(0, BLOCK)))
+
+autotune.save_when_stopped(sys.argv[1], "TEST_GPU", "a stopped run", prefix="__main__")
+kernel.cache[(4096,)] = kernel.configs[0]  # what autotuning had chosen when the stop came
+os.kill(os.getpid(), signal.SIGTERM)
+raise SystemExit("still running after SIGTERM")
+"""
+
+
+def test_a_run_stopped_while_autotuning_keeps_the_choices_made_so_far(tmp_path):
+    import signal
+    import subprocess
+    import sys
+
+    table, script = tmp_path / "autotune.json", tmp_path / "stopped_run.py"  # Triton reads a kernel's source file
+    script.write_text(STOPPED_RUN)
+    ended = subprocess.run([sys.executable, str(script), str(table)], capture_output=True, text=True, timeout=120)
+    assert ended.returncode == -signal.SIGTERM, ended.stderr  # it still stops, as SIGTERM's default does
+    saved = json.loads(table.read_text())
+    assert saved["gpu"] == "TEST_GPU" and saved["written_by"] == "a stopped run"
+    assert saved["kernels"] == {"__main__.kernel": [[[4096], autotune.describe(triton.Config({"BLOCK": 16}, num_warps=2))]]}
