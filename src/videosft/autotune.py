@@ -133,6 +133,18 @@ def apply(device, requested: str | None = None) -> dict:
     return record
 
 
+def summary(record: dict) -> str:
+    """One log line for what :func:`apply` did, so that a first run's log says whether it will autotune."""
+    if record.get("error"):
+        return f"autotune: {record['error']}"
+    if record["table"] is None:
+        return f"autotune: no table restored ({ENV}={record['requested']}); fla's kernels autotune on first use"
+    line = f"autotune: {record['restored']} choices restored from {record['table']}"
+    if record.get("stale"):
+        line += f"; the installed kernels no longer offer the choices for {', '.join(record['stale'])}"
+    return line
+
+
 def save(path: Path, gpu: str, command: str = "", prefix: str = "fla") -> int:
     """Write this process's autotuning choices as a table for the GPU model ``gpu`` (:func:`gpu_model`);
     the number of kernels."""

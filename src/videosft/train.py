@@ -388,6 +388,8 @@ def build_engine(run: Run) -> Built:
     if run.rank == 0:
         fused = {kind: impl for kind, impl in kernels["fused"]["implementation"].items() if impl}
         print(f"Gated-DeltaNet: {kernels['gated_deltanet']['implementation']}; fused kernels: {fused}", flush=True)
+        if run.device.type == "cuda":
+            print(autotune.summary(autotuned), flush=True)
     if train_cfg["gradient_checkpointing"]:
         enable_checkpointing(model, offload=train_cfg["offload_activations"], pin_memory=run.device.type == "cuda")
     leaf_blocks = gather_whole_blocks(model) if train_cfg["gather_whole_blocks"] else []

@@ -117,3 +117,10 @@ def test_a_run_stopped_while_autotuning_keeps_the_choices_made_so_far(tmp_path):
     saved = json.loads(table.read_text())
     assert saved["gpu"] == "TEST_GPU" and saved["written_by"] == "a stopped run"
     assert saved["kernels"] == {"__main__.kernel": [[[4096], autotune.describe(triton.Config({"BLOCK": 16}, num_warps=2))]]}
+
+
+def test_the_log_line_says_what_was_restored_and_what_was_not():
+    assert autotune.summary({"requested": "full", "table": None, "restored": 0}) == \
+        f"autotune: no table restored ({autotune.ENV}=full); fla's kernels autotune on first use"
+    line = autotune.summary({"requested": "table", "table": "NVIDIA_H200.json", "restored": 40, "stale": ["fla.x.k"]})
+    assert line.startswith("autotune: 40 choices restored from NVIDIA_H200.json") and "fla.x.k" in line
