@@ -17,7 +17,7 @@ thinking chat template (tests/published.py). `run`, on the GPU machine:
 3. sets ``video.max_frames`` to it, caps every rank's memory at ``--gpu-memory-gib``
    (``train.gpu_memory_gib``), and runs `snakemake --cores C` (window -> preprocess -> probe ->
    train -> verify -> report; ``--until train`` with ``--until``);
-4. with ``--predict``: `snakemake predict` on the val videos at each frame count given, from the
+4. with ``--predict``: `snakemake predict` on every video at each frame count given, from the
    trained adapter, and reads windows/s and the time split from predict's summary;
 5. prints a table last and writes everything to OUT/gpu_snakemake.json (plus the autotune table the
    train stage wrote, OUT/autotune.json, and the logs).
@@ -281,6 +281,8 @@ def pipeline(args, results: dict) -> None:
             say(f"no time left for predict at {predict_frames} frames")
             break
         config["video"]["max_frames"] = predict_frames
+        # every video, not only val's few windows: the first batch's kernel compiles would be the whole figure
+        config["predict"] = {"videos": str(work / "videos"), "batch_size": args.predict_batch}
         config_path.write_text(json.dumps(config, indent=1))
         # mtime alone: the changed frame count is predict's, not a reason to preprocess and train again
         seconds = snakemake(work, config_path, args.cores, args.gpus, "predict", "--forcerun", "predict",
@@ -338,7 +340,8 @@ def main() -> None:
     go.add_argument("--steps", type=int, default=8)
     go.add_argument("--frames", type=int, help="train at this frame count instead of the plan's (no planning run)")
     go.add_argument("--until-train", action="store_true")
-    go.add_argument("--predict", type=int, nargs="*", default=[], help="frame counts to run predict at")
+    go.add_argument("--predict", type=int, nargs="*", default=[], help="frame counts to run predict at (every video)")
+    go.add_argument("--predict-batch", type=int, default=4, help="predict.batch_size")
     go.add_argument("--deadline", type=float, default=float("inf"),
                     help="seconds from now after which a running snakemake is stopped and what exists is kept")
     args = parser.parse_args()
