@@ -83,6 +83,7 @@ from peft import LoraConfig, get_peft_model
 from videosft.checkpoint import model_class
 from videosft.sample_store import read_samples
 from videosft.batches import collate
+from videosft.pixels import load_video_processor
 
 model_dir, manifest, out, steps = Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3]), int(sys.argv[4])
 local = int(os.environ["LOCAL_RANK"])
@@ -118,13 +119,14 @@ engine, *_ = deepspeed.initialize(model=model, optimizer=torch.optim.AdamW(param
                                   model_parameters=params, dist_init_required=False)
 from videosft.sampling import epoch_plan
 rows = read_samples(manifest, "train")  # the train stage's order: its own seeded epoch plan below
+video_processor = load_video_processor(model_dir)
 engine.train()  # from_pretrained returns eval mode, where gradient checkpointing is off
 log = open(out / f"steps.rank{rank}.jsonl", "w")
 for step in range(steps):
     epoch, position = divmod(step, -(-len(rows) // world))
     mine = epoch_plan(len(rows), world, 1, options["tail"], options["seed"], epoch).per_rank[rank]
     row = rows[mine[position % len(mine)]]
-    batch = {k: v.to(engine.device) for k, v in collate([row], 0).items()}
+    batch = {k: v.to(engine.device) for k, v in collate([row], 0, video_processor).items()}
     if gpu:
         torch.cuda.reset_peak_memory_stats(); torch.cuda.synchronize()
     t = time.perf_counter()

@@ -60,6 +60,7 @@ def main() -> int:
     from transformers import AutoConfig, AutoTokenizer
 
     from videosft.batches import collate
+    from videosft.pixels import load_video_processor
     from videosft.checkpoint import model_class
     from videosft.lora import target_module_names
     from videosft.sample_store import read_samples
@@ -115,10 +116,11 @@ def main() -> int:
     originals = [m.get_base_layer().weight.detach().clone() for m in layers]
 
     tokenizer = AutoTokenizer.from_pretrained(args.model)
+    video_processor = load_video_processor(args.model)
     rows = read_samples(args.manifest, "val")[: args.samples]
     device = torch.device(where)
-    batches = [{k: v.to(device) for k, v in collate([row], tokenizer.pad_token_id or 0).items() if k != "labels"}
-               for row in rows]
+    batches = [{k: v.to(device) for k, v in collate([row], tokenizer.pad_token_id or 0, video_processor).items()
+                if k != "labels"} for row in rows]
     result["tokens"] = [int(b["input_ids"].shape[1]) for b in batches]
     result["vocab"] = model.config.get_text_config().vocab_size
 

@@ -241,12 +241,14 @@ def check_host_positions(model_dir: Path, rows: list[dict]) -> None:
     from transformers import AutoConfig
 
     from videosft.batches import collate, host_positions, prepare
+    from videosft.pixels import load_video_processor
     from videosft.checkpoint import model_class
     from videosft.train import supervised_loss
 
     model = model_class(AutoConfig.from_pretrained(model_dir)).from_pretrained(model_dir, dtype=torch.float32)
-    inside = collate(rows, pad_id=0)
-    on_host = prepare(rows, 0, host_positions(model), pin=False)
+    video_processor = load_video_processor(model_dir)
+    inside = collate(rows, pad_id=0, video_processor=video_processor)
+    on_host = prepare(rows, 0, video_processor, host_positions(model), pin=False)
     assert on_host["position_ids"].shape[-2:] == inside["input_ids"].shape
     video = inside["mm_token_type_ids"] == 2
     shifted = {**on_host, "position_ids": on_host["position_ids"].clone()}

@@ -13,14 +13,14 @@ from __future__ import annotations
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Callable
 
-import numpy as np
-
 from .chat import IGNORE_INDEX
+from .pixels import pixel_values_videos
 
 
-def collate(rows: list[dict], pad_id: int, left: bool = False) -> dict:
-    """Host tensors for a list of samples; pixels stay float16 as stored (the model casts them to
-    its own dtype on the device: float16 widens exactly, so the model sees the same values).
+def collate(rows: list[dict], pad_id: int, video_processor, left: bool = False) -> dict:
+    """Host tensors for a list of samples; pixels are rebuilt from the stored frames by
+    ``video_processor`` (:mod:`videosft.pixels`) and stay float16 (the model casts them to its own
+    dtype on the device: float16 widens exactly, so the model sees the same values).
     ``left`` pads on the left, as batched generation needs (every prompt ends where answers begin)."""
     import torch
 
@@ -33,13 +33,12 @@ def collate(rows: list[dict], pad_id: int, left: bool = False) -> dict:
     def padded(key: str, fill: int, dtype):
         return torch.tensor([pad(row[key], fill) for row in rows], dtype=dtype)
 
-    pixels = [np.frombuffer(row["pixel_values"], dtype=np.float16).reshape(row["pixel_shape"]) for row in rows]
     batch = {
         "input_ids": padded("input_ids", pad_id, torch.long),
         "labels": padded("labels", IGNORE_INDEX, torch.long),
         "attention_mask": torch.tensor([pad([1] * len(row["input_ids"]), 0) for row in rows]),
         "mm_token_type_ids": padded("mm_token_type_ids", 0, torch.int),
-        "pixel_values_videos": torch.from_numpy(np.concatenate(pixels)),
+        "pixel_values_videos": torch.cat([pixel_values_videos(row, video_processor) for row in rows]),
         "video_grid_thw": torch.tensor([row["video_grid_thw"] for row in rows], dtype=torch.long),
     }
     if rows[0].get("second_per_grid") is not None:  # Qwen2.5-VL's time step; without it the model assumes 1 s
@@ -64,8 +63,8 @@ def host_positions(model) -> Callable[[dict], object] | None:
     return positions
 
 
-def prepare(rows: list[dict], pad_id: int, positions, pin: bool) -> dict:
-    batch = collate(rows, pad_id)
+def prepare(rows: list[dict], pad_id: int, video_processor, positions, pin: bool) -> dict:
+    batch = collate(rows, pad_id, video_processor)
     if positions is not None:
         position_ids = positions(batch)
         if position_ids is not None:
@@ -87,20 +86,21 @@ class BatchesAhead:
     later taken is harmless: the stale one is discarded.
     """
 
-    def __init__(self, pad_id: int, device, positions=None):
-        self.pad_id, self.device, self.positions = pad_id, device, positions
+    def __init__(self, pad_id: int, video_processor, device, positions=None):
+        self.pad_id, self.video_processor, self.device, self.positions = pad_id, video_processor, device, positions
         self.pin = device.type == "cuda"
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="batches-ahead")
         self.pending: tuple[list[str], Future] | None = None
 
     def announce(self, rows: list[dict]) -> None:
-        self.pending = (window_ids(rows), self.pool.submit(prepare, rows, self.pad_id, self.positions, self.pin))
+        self.pending = (window_ids(rows), self.pool.submit(prepare, rows, self.pad_id, self.video_processor,
+                                                                 self.positions, self.pin))
 
     def take(self, rows: list[dict]) -> dict:
         if self.pending is not None and self.pending[0] == window_ids(rows):
             host = self.pending[1].result()
         else:
-            host = prepare(rows, self.pad_id, self.positions, self.pin)
+            host = prepare(rows, self.pad_id, self.video_processor, self.positions, self.pin)
         self.pending = None
         return {key: value.to(self.device, non_blocking=self.pin) for key, value in host.items()}
 

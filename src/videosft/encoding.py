@@ -8,7 +8,8 @@ window starts at 0 s, like the answer). Every sample is checked: the processor's
 ``video_grid_thw`` equals the planned grid (the budget took effect), the visual tokens equal the
 grid over merge², the video tokens are laid out as the published models saw them
 (:mod:`videosft.layout`), the ``<t seconds>`` markers match the frames' times, the answer is whole
-and supervised. The preprocess stage stores what :func:`build_sample` makes; the predict stage
+and supervised. The preprocess stage stores what :func:`build_sample` makes (the frames the processor was given,
+from which :mod:`videosft.pixels` rebuilds its pixels); the predict stage
 builds its prompts with the same function, so training and use see the same tokens.
 """
 
@@ -20,6 +21,7 @@ import time
 from .budget import Budget
 from .chat import TEMPLATE_KWARGS, assistant_labels, messages, prompt_timestamps, render_answer
 from .layout import VideoTokens, check_layout, layout_name, template_text
+from .pixels import stored_frames
 from .video import Clip, VideoFile
 
 # Seconds of frame time per unit of VideoMetadata.frames_indices: the processor writes
@@ -67,7 +69,7 @@ def encode(processor, clip: Clip, text: str):
         videos=[clip.frames],
         video_metadata=[metadata],
         videos_kwargs={"do_resize": False, "do_sample_frames": False, "return_metadata": True},
-        return_tensors="pt",  # torch's float16 conversion of the pixels is 4x numpy's
+        return_tensors="pt",
     )
 
 
@@ -161,7 +163,6 @@ def build_sample(window: dict, video: VideoFile, processor, cfg: dict, budget: B
     tokenizer = processor.tokenizer
     labels = assistant_labels(input_ids, tokenizer, answer, cfg["prompt"]["think_block"])
     supervised = sum(label != -100 for label in labels)
-    pixels = encoded["pixel_values_videos"].half()
     return {
         "window_id": window["window_id"],
         "split": window["split"],
@@ -186,6 +187,5 @@ def build_sample(window: dict, video: VideoFile, processor, cfg: dict, budget: B
         "input_ids": input_ids,
         "labels": labels,
         "mm_token_type_ids": encoded["mm_token_type_ids"][0].tolist(),
-        "pixel_values": pixels.numpy().tobytes(),
-        "pixel_shape": list(pixels.shape),
+        **stored_frames(clip.frames),
     }

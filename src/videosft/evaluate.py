@@ -17,10 +17,12 @@ from .generation import REPEATS, greedy_answers, prompt_of
 from .metrics import WINDOW_METRIC_DEFINITIONS, r1_iou, window_metrics
 
 
-def window_answers(model, rows: list[dict], tokenizer, max_new_tokens: int, think_block: str = "prompt") -> list[dict]:
+def window_answers(model, rows: list[dict], tokenizer, video_processor, max_new_tokens: int,
+                   think_block: str = "prompt") -> list[dict]:
     """Greedy answers (:func:`videosft.generation.greedy_answers`, one window at a time) with the
     raw text, whether and what they parse to, strictly and leniently, and whether they degenerate."""
-    generated = greedy_answers(model, [prompt_of(row) for row in rows], tokenizer, max_new_tokens, think_block)
+    generated = greedy_answers(model, [prompt_of(row) for row in rows], tokenizer, video_processor, max_new_tokens,
+                               think_block)
     return [{"window_id": row["window_id"], "text": answer["text"], "predicted": parse_answer(answer["answer"]),
              "lenient": parse_answer_lenient(answer["answer"]), "target": [tuple(r) for r in row["keep_local"]],
              "degenerate": answer["degenerate"]} for row, answer in zip(rows, generated)]
@@ -78,12 +80,13 @@ def constant_baselines(rows: list[dict]) -> dict:
             "best_constant_range": {"range": list(best_range), **scored([[best_range]] * len(rows))}}
 
 
-def evaluate(model, rows: list[dict], tokenizer, max_new_tokens: int, think_block: str = "prompt") -> dict:
+def evaluate(model, rows: list[dict], tokenizer, video_processor, max_new_tokens: int,
+             think_block: str = "prompt") -> dict:
     """Base (adapter disabled) and fine-tuned answers on the same windows, scored alike, beside the
     constant answers' scores."""
     with model.disable_adapter():
-        base = window_answers(model, rows, tokenizer, max_new_tokens, think_block)
-    tuned = window_answers(model, rows, tokenizer, max_new_tokens, think_block)
+        base = window_answers(model, rows, tokenizer, video_processor, max_new_tokens, think_block)
+    tuned = window_answers(model, rows, tokenizer, video_processor, max_new_tokens, think_block)
     return {"windows": len(rows), "base": score(base), "fine_tuned": score(tuned),
             "baselines": constant_baselines(rows),
             "answers": [{"window_id": b["window_id"], "target": b["target"], "base": b["text"], "fine_tuned": t["text"]}

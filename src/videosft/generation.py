@@ -37,8 +37,8 @@ def is_degenerate(tokens: list[int], ended: bool) -> bool:
     return False
 
 
-def greedy_answers(model, prompts: list[dict], tokenizer, max_new_tokens: int, think_block: str = "prompt",
-                   batch_size: int = 1) -> list[dict]:
+def greedy_answers(model, prompts: list[dict], tokenizer, video_processor, max_new_tokens: int,
+                   think_block: str = "prompt", batch_size: int = 1) -> list[dict]:
     """Each prompt's greedy answer, in order: ``text`` as generated (up to the end token),
     ``answer`` the text to parse (``text`` without the empty think block where answers were trained
     to begin with it, ``think_block`` "answer") and whether it is ``degenerate``."""
@@ -52,7 +52,7 @@ def greedy_answers(model, prompts: list[dict], tokenizer, max_new_tokens: int, t
     answers = []
     for first in range(0, len(prompts), batch_size):
         batch = {key: value.to(device) for key, value in
-                 collate(prompts[first:first + batch_size], pad_id, left=True).items() if key != "labels"}
+                 collate(prompts[first:first + batch_size], pad_id, video_processor, left=True).items() if key != "labels"}
         with torch.no_grad():
             output = model.generate(**batch, max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=end_id,
                                     pad_token_id=pad_id, use_cache=True)

@@ -130,7 +130,8 @@ def predict_video(path: Path, windows: list[dict] | None, model, processor, cfg:
     timings["open"] += time.perf_counter() - started
     prompts, results = window_prompts(video, windows, processor, cfg, rejects, timings)
     started = time.perf_counter()
-    answers = greedy_answers(model, prompts, processor.tokenizer, cfg["predict"]["max_new_tokens"],
+    answers = greedy_answers(model, prompts, processor.tokenizer, processor.video_processor,
+                             cfg["predict"]["max_new_tokens"],
                              cfg["prompt"]["think_block"], cfg["predict"]["batch_size"])
     for result, answer in zip(results, answers):
         text, local = answer["answer"], parse_answer(answer["answer"])

@@ -3,8 +3,9 @@
 This module is the contract between the one writer (preprocess) and the readers (probe, train,
 verify, report; tests and benchmarks), so that none of them imports the preprocess stage:
 
-* a sample is one row of :data:`SAMPLE_SCHEMA` (tokens, labels, the processor's pixels as float16
-  bytes, and the facts about how it was made); :class:`ShardWriter` streams rows into
+* a sample is one row of :data:`SAMPLE_SCHEMA` (tokens, labels, the frames the processor was given
+  as lossless images, and the facts about how it was made); :mod:`videosft.pixels` turns the frames into
+  the model's ``pixel_values_videos``; :class:`ShardWriter` streams rows into
   ``<split>-NNNNN.parquet`` files of bounded size, in row groups of :data:`ROW_GROUP` rows;
 * every file carries, under the schema metadata key ``videosft``, what its samples were made with
   (the preprocess stage fills it: budget, geometry, model file hashes, ...), including
@@ -25,9 +26,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .errors import InputError
+from .pixels import stored_bytes
 from .provenance import write_json
 
-SCHEMA_VERSION = 3  # 2: second_per_grid (Qwen2.5-VL's time step per frame pair); 3: video_layout
+SCHEMA_VERSION = 4  # 2: second_per_grid (Qwen2.5-VL's time step per frame pair); 3: video_layout;
+#                     4: the processor's input frames instead of its float16 pixels
 ROW_GROUP = 8
 
 SAMPLE_SCHEMA = pa.schema(
@@ -55,21 +58,23 @@ SAMPLE_SCHEMA = pa.schema(
         ("input_ids", pa.list_(pa.int32())),
         ("labels", pa.list_(pa.int32())),
         ("mm_token_type_ids", pa.list_(pa.int8())),
-        ("pixel_values", pa.binary()),  # float16, row-major, shape pixel_shape
-        ("pixel_shape", pa.list_(pa.int32(), 2)),
+        ("frames", pa.list_(pa.binary())),  # one lossless WebP per frame (videosft.pixels)
+        ("frames_shape", pa.list_(pa.int32(), 4)),  # (T, 3, H, W) uint8, as the processor got them
     ]
 )
 
 
-# The pixel column is most of every file: dictionary encoding and min/max statistics of
+# The frames column is most of every file: dictionary encoding and min/max statistics of
 # megabyte-sized unique blobs cost time and buy nothing; its compression is a config choice
-# (preprocess.pixel_compression), the small columns always use snappy.
-_SMALL_COLUMNS = [name for name in SAMPLE_SCHEMA.names if name != "pixel_values"]
+# (preprocess.pixel_compression), the small columns always use snappy. Parquet names a list's
+# values by their leaf path, so that is what the codec is given for.
+_SMALL_COLUMNS = [name for name in SAMPLE_SCHEMA.names if name != "frames"]
+FRAMES_LEAF = "frames.list.element"
 
 
 def parquet_options(pixel_compression: str) -> dict:
     return {"use_dictionary": _SMALL_COLUMNS, "write_statistics": _SMALL_COLUMNS,
-            "compression": {**dict.fromkeys(_SMALL_COLUMNS, "snappy"), "pixel_values": pixel_compression}}
+            "compression": {**dict.fromkeys(_SMALL_COLUMNS, "snappy"), FRAMES_LEAF: pixel_compression}}
 
 
 class ShardWriter:
@@ -94,7 +99,7 @@ class ShardWriter:
         split = sample["split"]
         self.pending[split].append(sample)
         self.counts[split] += 1
-        self.bytes[split] += len(sample["pixel_values"]) + 8 * len(sample["input_ids"])
+        self.bytes[split] += stored_bytes(sample) + 8 * len(sample["input_ids"])
         if len(self.pending[split]) >= ROW_GROUP:
             self._flush(split)
         if self.bytes[split] >= self.max_bytes:

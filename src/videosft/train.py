@@ -46,6 +46,7 @@ from .fused import select_fused_kernels
 from .gated_deltanet import select_gated_delta_rule
 from .lora import target_module_names
 from .memory import ModelFacts, SampleFacts, plan_peak
+from .pixels import load_video_processor
 from .progress import ProgressLine
 from .provenance import exit_after, path_fingerprint, run_record, stage_parser, write_json
 from .sample_store import read_samples, sample_files
@@ -438,7 +439,8 @@ def run_steps(run: Run, built: Built, cursor: Cursor, first_step: int, identity:
     steps_log = open(run.out / f"steps.rank{rank}.jsonl", "a")
     ledger = open(run.out / f"ledger.rank{rank}.jsonl", "a")
     engine.train()
-    batches = BatchesAhead(_pad_id(Path(run.cfg["model"]["path"])), device, host_positions(engine.module))
+    model_dir = Path(run.cfg["model"]["path"])
+    batches = BatchesAhead(_pad_id(model_dir), load_video_processor(model_dir), device, host_positions(engine.module))
     for step in range(first_step, train_cfg["steps"]):
         reset_peak_memory(device)
         profiled = train_cfg["profile_step"]
@@ -564,7 +566,7 @@ def kernel_set(kernels: dict) -> str:
 def require_video(batch_rows: list[dict], rank: int) -> None:
     """Every rank runs the vision tower on every step: under ZeRO-3 a rank that skips it hangs the rest."""
     for row in batch_rows:
-        if not row["visual_tokens"] or not row["pixel_values"]:
+        if not row["visual_tokens"] or not row["frames"]:
             raise DataError(f"rank {rank}: sample {row['window_id']} has no video; every batch must carry one")
 
 

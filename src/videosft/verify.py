@@ -30,6 +30,7 @@ from .evaluate import table as evaluation_table
 from .provenance import exit_after, run_record, stage_parser, write_json
 from .sample_store import read_samples
 from .batches import collate
+from .pixels import load_video_processor
 
 
 class VerificationError(UserError, RuntimeError):
@@ -140,7 +141,7 @@ def merged_weights_agree(model) -> dict:
             "tolerance": "half a unit in the last place of each merged element (one rounding to the weight dtype)"}
 
 
-def forward_agreement(model, rows: list[dict], pad_id: int) -> dict:
+def forward_agreement(model, rows: list[dict], pad_id: int, video_processor) -> dict:
     """Logits of the unmerged and the merged model on the same samples, at the supervised positions
     (full logits of a 248k vocabulary at 13k tokens would not fit a 12 GB card), and each merged
     weight against its definition. Merges the model in place: call it last."""
@@ -157,7 +158,7 @@ def forward_agreement(model, rows: list[dict], pad_id: int) -> dict:
         gated_deltanet = select_gated_delta_rule(model, device, 0, requested="torch")["implementation"]
     batches = []
     for row in rows:
-        batch = {k: v.to(device) for k, v in collate([row], pad_id).items() if k != "labels"}
+        batch = {k: v.to(device) for k, v in collate([row], pad_id, video_processor).items() if k != "labels"}
         batch["logits_to_keep"] = torch.tensor(supervised_positions(row), device=device)
         batches.append(batch)
     with torch.no_grad():
@@ -183,14 +184,16 @@ def verify(cfg: dict, adapter_dir: Path, samples_path: Path) -> dict:
     load_seconds = time.perf_counter() - started
     tensors = compare_adapter(model, adapter_dir)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    video_processor = load_video_processor(model_dir)
     val = read_samples(samples_path, "val")
     started = time.perf_counter()
     think_block = json.loads(Path(samples_path).read_text())["think_block"]
-    evaluation = evaluate(model, val[: cfg["verify"]["eval_windows"] or len(val)], tokenizer,
+    evaluation = evaluate(model, val[: cfg["verify"]["eval_windows"] or len(val)], tokenizer, video_processor,
                           cfg["verify"]["max_new_tokens"], think_block)
     evaluation["seconds"] = time.perf_counter() - started
     # merge_and_unload folds the adapter into the base: compared last, once nothing else needs it
-    forward = forward_agreement(model, val[: cfg["verify"]["forward_samples"]], tokenizer.pad_token_id or 0)
+    forward = forward_agreement(model, val[: cfg["verify"]["forward_samples"]], tokenizer.pad_token_id or 0,
+                                video_processor)
     problems = list(tensors["problems"])
     if files["unexpected_files"]:
         problems.append(f"{adapter_dir} holds files that are not adapter files: {files['unexpected_files']}")

@@ -7,6 +7,7 @@ from pathlib import Path
 from videosft import config as config_lib
 from videosft import predict
 from videosft.generation import greedy_answers, is_degenerate
+from videosft.pixels import load_video_processor
 from videosft.rejects import Rejects
 from videosft.timeline import resolve_video
 from videosft.video import VideoFile
@@ -53,8 +54,9 @@ def test_batches_answer_as_one_prompt_at_a_time(prepared, demo_config, tmp_path)
             if parameter.dim() == 2:
                 parameter.add_(torch.randn_like(parameter) * 0.5)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    one_by_one = greedy_answers(model, prompts, tokenizer, max_new_tokens=8)
-    batched = greedy_answers(model, prompts, tokenizer, max_new_tokens=8, batch_size=len(prompts))
+    video_processor = load_video_processor(model_dir)
+    one_by_one = greedy_answers(model, prompts, tokenizer, video_processor, max_new_tokens=8)
+    batched = greedy_answers(model, prompts, tokenizer, video_processor, max_new_tokens=8, batch_size=len(prompts))
     assert batched == one_by_one
     assert len({answer["text"] for answer in one_by_one}) > 1, one_by_one
 

@@ -11,6 +11,7 @@ import pytest
 from conftest import check_host_positions, run_torchrun, stage_json
 from videosft import encoding, preprocess, probe, verify, window
 from videosft.batches import collate
+from videosft.pixels import load_video_processor
 from videosft.sample_store import read_samples
 from vllm_lora_keys import unloadable
 
@@ -62,7 +63,7 @@ def test_qwen3_vl_trains_and_verifies(qwen3vl_dir, demo_config, tmp_path):
     assert tensors["summary"] == f"{tensors['matched']} of {tensors['matched']} tensors matched"
     rows = read_samples(tmp_path / "preprocess" / "manifest.json", "train")
     assert all(row["second_per_grid"] is None for row in rows)  # time comes from the <t seconds> markers
-    assert "second_per_grid_ts" not in collate(rows[:1], 0)
+    assert "second_per_grid_ts" not in collate(rows[:1], 0, load_video_processor(qwen3vl_dir))
     check_host_positions(qwen3vl_dir, rows[:2])
 
 
@@ -78,7 +79,7 @@ def test_qwen2_5_vl_trains_and_verifies_with_its_time_step(qwen25_dir, demo_conf
     assert tensors["summary"] == f"{tensors['matched']} of {tensors['matched']} tensors matched"
     rows = read_samples(tmp_path / "preprocess" / "manifest.json", "train")
     assert all(row["second_per_grid"] == pytest.approx(1.0, abs=0.05) for row in rows)
-    assert collate(rows[:2], 0)["second_per_grid_ts"].tolist() == [row["second_per_grid"] for row in rows[:2]]
+    assert collate(rows[:2], 0, load_video_processor(qwen25_dir))["second_per_grid_ts"].tolist() == [row["second_per_grid"] for row in rows[:2]]
     check_host_positions(qwen25_dir, rows[:2])
 
 

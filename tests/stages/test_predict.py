@@ -62,7 +62,7 @@ def test_predict_feeds_the_model_the_training_prompt_of_each_window(prepared, de
             sample = samples[result["window_id"]]
             first = next(i for i, label in enumerate(sample["labels"]) if label != -100)
             assert prompt["input_ids"] == sample["input_ids"][:first], result["window_id"]
-            assert prompt["pixel_values"] == sample["pixel_values"] and prompt["video_grid_thw"] == sample["video_grid_thw"]
+            assert prompt["frames"] == sample["frames"] and prompt["video_grid_thw"] == sample["video_grid_thw"]
             compared += 1
     assert compared == len(samples) > 0
 
@@ -194,6 +194,7 @@ def test_export_merges_into_a_checkpoint_that_loads_and_answers_like_base_plus_a
 
     from videosft.batches import collate
     from videosft.checkpoint import model_class
+    from videosft.pixels import load_video_processor
 
     model_dir = Path(demo_config["model"]["path"])
     out = tmp_path / "merged"
@@ -207,7 +208,7 @@ def test_export_merges_into_a_checkpoint_that_loads_and_answers_like_base_plus_a
     merged = cls.from_pretrained(out, dtype=torch.float32).eval()
     unmerged = PeftModel.from_pretrained(cls.from_pretrained(model_dir, dtype=torch.float32), adapter).eval()
     row = read_samples(prepared / "preprocess" / "manifest.json", "val")[0]
-    batch = {k: v for k, v in collate([row], 0).items() if k != "labels"}
+    batch = {k: v for k, v in collate([row], 0, load_video_processor(model_dir)).items() if k != "labels"}
     with torch.no_grad():
         difference = (merged(**batch).logits - unmerged(**batch).logits).abs().max().item()
         base_difference = (merged(**batch).logits - cls.from_pretrained(model_dir, dtype=torch.float32).eval()(

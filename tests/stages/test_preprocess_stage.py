@@ -35,8 +35,8 @@ def test_every_sample_is_what_the_budget_planned(samples, prepared):
         tokens_per_pair = h * w // merge**2
         assert meta["budget"]["min_tokens"] <= tokens_per_pair <= meta["budget"]["max_tokens"]
         assert row["visual_tokens"] == t * h * w // merge**2
-        assert row["pixel_shape"] == [t * h * w, 3 * temporal * patch * patch]
-        assert len(row["pixel_values"]) == 2 * row["pixel_shape"][0] * row["pixel_shape"][1]
+        assert row["frames_shape"] == [len(row["frame_indices"]), 3, h * patch, w * patch]
+        assert len(row["frames"]) == len(row["frame_indices"])
         assert row["input_tokens"] == len(row["input_ids"]) == row["visual_tokens"] + row["text_tokens"]
 
 
@@ -173,7 +173,9 @@ def test_pixel_compression_is_the_configured_codec_and_round_trips(samples, tmp_
         writer.add({key: row[key] for key in sample_store.SAMPLE_SCHEMA.names})
     files = writer.close()
     path = tmp_path / files[samples[0]["split"]][0]
-    column = sample_store.SAMPLE_SCHEMA.names.index("pixel_values")
-    assert pq.ParquetFile(path).metadata.row_group(0).column(column).compression == codec.upper().replace("NONE", "UNCOMPRESSED")
+    row_group = pq.ParquetFile(path).metadata.row_group(0)
+    (column,) = [i for i in range(row_group.num_columns)
+                 if row_group.column(i).path_in_schema == sample_store.FRAMES_LEAF]
+    assert row_group.column(column).compression == codec.upper().replace("NONE", "UNCOMPRESSED")
     back = pq.read_table(path).to_pylist()
-    assert [r["pixel_values"] for r in back] == [r["pixel_values"] for r in samples[:3] if r["split"] == samples[0]["split"]]
+    assert [r["frames"] for r in back] == [r["frames"] for r in samples[:3] if r["split"] == samples[0]["split"]]

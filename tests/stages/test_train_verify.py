@@ -175,12 +175,13 @@ def test_loss_on_supervised_positions_equals_the_full_logits_loss(prepared, demo
 
     from videosft.checkpoint import model_class
     from videosft.batches import collate
+    from videosft.pixels import load_video_processor
     from videosft.train import supervised_loss
 
     model_dir = Path(demo_config["model"]["path"])
     model = model_class(AutoConfig.from_pretrained(model_dir)).from_pretrained(model_dir, dtype=torch.float32)
     rows = read_samples(prepared / "preprocess" / "manifest.json", "train")[:2]
-    batch = collate(rows, pad_id=0)
+    batch = collate(rows, pad_id=0, video_processor=load_video_processor(model_dir))
     with torch.no_grad():
         ours = supervised_loss(model, batch)
         full = model(**batch, use_cache=False).loss

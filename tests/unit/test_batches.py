@@ -7,15 +7,19 @@ import threading
 import numpy as np
 import pytest
 import torch
+from transformers.models.qwen3_vl.video_processing_qwen3_vl import Qwen3VLVideoProcessor
 
 from videosft.batches import BatchesAhead, collate
+from videosft.pixels import stored_frames
+
+# Qwen3-VL's video processor at its published geometry: two 32x32 frames make a 1x2x2 grid
+VIDEO_PROCESSOR = Qwen3VLVideoProcessor(patch_size=16, temporal_patch_size=2, merge_size=2)
 
 
 def sample(window_id: str, tokens: int, seed: int) -> dict:
-    rng = np.random.default_rng(seed)
-    pixels = rng.standard_normal((4, 6)).astype(np.float16)
+    frames = torch.from_numpy(np.random.default_rng(seed).integers(0, 256, (2, 3, 32, 32), dtype=np.uint8))
     return {"window_id": window_id, "input_ids": list(range(1, tokens + 1)), "labels": [-100] * (tokens - 1) + [7],
-            "mm_token_type_ids": [0] + [2] * (tokens - 1), "pixel_values": pixels.tobytes(), "pixel_shape": [4, 6],
+            "mm_token_type_ids": [0] + [2] * (tokens - 1), **stored_frames(frames),
             "video_grid_thw": [1, 2, 2], "second_per_grid": None}
 
 
@@ -37,12 +41,12 @@ class Recorder:
 def test_the_announced_batch_is_prepared_on_the_host_thread_and_equals_collate():
     rows = [sample("a", 5, 0)]
     positions = Recorder()
-    batches = BatchesAhead(pad_id=0, device=torch.device("cpu"), positions=positions)
+    batches = BatchesAhead(pad_id=0, video_processor=VIDEO_PROCESSOR, device=torch.device("cpu"), positions=positions)
     batches.announce(rows)
     taken = batches.take(rows)
     batches.close()
     assert [name.startswith("batches-ahead") for name, _ in positions.calls] == [True]
-    expected = collate(rows, 0)
+    expected = collate(rows, 0, VIDEO_PROCESSOR)
     assert set(taken) == set(expected) | {"position_ids"}
     assert all(torch.equal(taken[key], expected[key]) for key in expected)
     assert taken["pixel_values_videos"].dtype == torch.float16  # widened on the device by the model, not here
@@ -51,18 +55,18 @@ def test_the_announced_batch_is_prepared_on_the_host_thread_and_equals_collate()
 def test_a_batch_other_than_the_announced_one_is_prepared_when_taken():
     announced, wanted = [sample("a", 5, 0)], [sample("b", 9, 1)]
     positions = Recorder()
-    batches = BatchesAhead(pad_id=0, device=torch.device("cpu"), positions=positions)
+    batches = BatchesAhead(pad_id=0, video_processor=VIDEO_PROCESSOR, device=torch.device("cpu"), positions=positions)
     batches.announce(announced)
     taken = batches.take(wanted)
     batches.close()
     assert taken["input_ids"].shape == (1, 9)
-    assert torch.equal(taken["pixel_values_videos"], collate(wanted, 0)["pixel_values_videos"])
+    assert torch.equal(taken["pixel_values_videos"], collate(wanted, 0, VIDEO_PROCESSOR)["pixel_values_videos"])
     assert (threading.current_thread().name, 9) in positions.calls  # prepared in the caller's thread
 
 
 def test_an_error_while_preparing_ahead_reaches_the_training_loop():
     rows = [sample("a", 5, 0)]
-    batches = BatchesAhead(pad_id=0, device=torch.device("cpu"), positions=Recorder(fail_on="batches-ahead"))
+    batches = BatchesAhead(pad_id=0, video_processor=VIDEO_PROCESSOR, device=torch.device("cpu"), positions=Recorder(fail_on="batches-ahead"))
     batches.announce(rows)
     with pytest.raises(ValueError, match="positions failed for a batch of 5 tokens"):
         batches.take(rows)
@@ -71,7 +75,7 @@ def test_an_error_while_preparing_ahead_reaches_the_training_loop():
 
 def test_without_a_position_function_the_model_computes_positions_itself():
     rows = [sample("a", 5, 0), sample("b", 3, 1)]
-    batches = BatchesAhead(pad_id=0, device=torch.device("cpu"))
+    batches = BatchesAhead(pad_id=0, video_processor=VIDEO_PROCESSOR, device=torch.device("cpu"))
     taken = batches.take(rows)
     batches.close()
     assert "position_ids" not in taken
