@@ -255,7 +255,7 @@ def write_python_profile(python, path: Path, step: int) -> None:
     functions = io.StringIO()
     stats = pstats.Stats(python, stream=functions)
     stats.sort_stats("tottime").print_stats(40)
-    stats.sort_stats("cumulative").print_stats(25)
+    stats.sort_stats("cumulative").print_stats(50)  # the nested module wrappers take many rows each
     path.write_text(f"step {step}: the main thread's Python functions (cProfile; compare shares, not times)\n"
                     f"{functions.getvalue()}")
 
