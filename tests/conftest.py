@@ -34,13 +34,6 @@ def _forget_outputs():
     yield
 
 
-def pytest_collection_modifyitems(config, items):
-    """Files with slow tests first: the workers take whole files in this order, so the longest
-    (the learning run, the Slurm cluster's pipeline) start at once instead of ending the run alone."""
-    slow_files = {item.path for item in items if item.get_closest_marker("slow")}
-    items.sort(key=lambda item: item.path not in slow_files)  # stable: collection order otherwise
-
-
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     """A failed test's report ends with the output of every process it ran, and says so by name
