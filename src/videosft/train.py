@@ -377,7 +377,7 @@ def build_engine(run: Run) -> Built:
     # reference took 3.1 GiB more at 64 frames, enough to break a 12 GiB card's plan).
     autotuned = autotune.apply(run.device)  # before the kernel checks, the first to run fla's kernels
     if run.rank == 0 and run.device.type == "cuda":
-        autotune.save_when_stopped(run.out / "autotune.json", autotune.gpu_model(run.device), " ".join(sys.argv))
+        autotune.save_when_stopped(*autotune_table(run))
     gated_deltanet = select_gated_delta_rule(build_meta_model(model_dir), run.device, longest)
     started = time.perf_counter()
     model, _hf_ds_config = build_partitioned_model(model_dir, run.ds_config)
@@ -546,8 +546,12 @@ def finish(run: Run, built: Built, progress: Progress, resumed_from_step: int | 
 
 def save_autotune_choices(run: Run, built: Built) -> None:
     """This GPU model's autotuning choices as a table a later run can restore (autotune.ENV)."""
-    built.kernels["autotune"]["saved_kernels"] = autotune.save(
-        run.out / "autotune.json", autotune.gpu_model(run.device), " ".join(sys.argv))
+    built.kernels["autotune"]["saved_kernels"] = autotune.save(*autotune_table(run))
+
+
+def autotune_table(run: Run) -> tuple[Path, str, str]:
+    """Where this run's autotune table goes, for which GPU model, written by which command."""
+    return run.out / "autotune.json", autotune.gpu_model(run.device), " ".join(sys.argv)
 
 
 def _shown_float(value) -> str:
