@@ -309,7 +309,8 @@ def print_table(results: dict) -> None:
               f"reserved GiB, {row['frames']} frames, {row['input_tokens']} tokens")
     autotuned = train["autotune"] or {}
     print(f"autotune: table {autotuned.get('table')}, restored {autotuned.get('restored')}, stale "
-          f"{autotuned.get('stale')}, saved kernels {autotuned.get('saved_kernels')}; GDN {train['gated_deltanet']} "
+          f"{autotuned.get('stale')}, borrowed {sum(map(len, (autotuned.get('borrowed') or {}).values()))} keys, "
+          f"saved kernels {autotuned.get('saved_kernels')}; GDN {train['gated_deltanet']} "
           f"(check {train['gdn_check_seconds']}), fused {train['fused']}")
     if "verify" in results:
         print(f"verify: {json.dumps(results['verify'], default=str)[:1500]}")

@@ -10,8 +10,14 @@ does not have, is the only place the choices survive. Here they survive in a tab
   ``results/train/autotune.json`` on rank 0 whenever fla ran);
 * :func:`restore` puts a table's choices back into the autotuners' choice caches, exactly where
   autotuning would have put them, so each kernel compiles once and runs without benchmarking.
-  A choice is restored only if the installed kernel still offers that configuration; keys the
-  table does not hold (other shapes, another model) autotune as before.
+  A choice is restored only if the installed kernel still offers that configuration.
+* Some keys follow the sequence length (fla's norms key on a row-block count), so another frame
+  count or a dataset of varying lengths meets keys the table lacks; each would autotune mid-run
+  (about 20 s, and Triton's benchmark allocates a 256 MB buffer on top of the step's peak). A
+  kernel's restored cache therefore answers such a key with the choice for the table's nearest
+  key (:class:`NearestChoices`), but only where the new key differs from it in positions the
+  table's own keys for that kernel differ in (the lengths it was made at), never in a head size,
+  dtype or flag; any other key autotunes as before.
 
 ``VIDEOSFT_AUTOTUNE`` picks the table: ``table`` (default) the one shipped for this GPU model in
 ``autotune_tables/<GPU>.json``, if any; ``full`` none (autotune everything); or a table's path (a
@@ -23,6 +29,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import json
+import math
 import os
 import re
 import signal
@@ -70,14 +77,68 @@ def describe(config) -> dict:
 
 
 def choices(tuners: dict[str, object]) -> dict[str, list]:
-    """Per kernel, [key, config] for every key autotuned (or restored) in this process."""
-    return {name: [[list(key), describe(config)] for key, config in tuner.cache.items()]
-            for name, tuner in sorted(tuners.items()) if tuner.cache}
+    """Per kernel, [key, config] for every key autotuned (or restored) in this process; keys answered
+    with a nearest key's choice are left out (nothing was tuned for them)."""
+    tables = {}
+    for name, tuner in sorted(tuners.items()):
+        borrowed = getattr(tuner.cache, "borrowed", {})
+        entries = [[list(key), describe(config)] for key, config in tuner.cache.items() if key not in borrowed]
+        if entries:
+            tables[name] = entries
+    return tables
+
+
+def varying_positions(keys: list[tuple]) -> set[int]:
+    """The positions in which a kernel's keys (of one length) differ: those that follow the shapes
+    the table was made at."""
+    return {i for i in range(len(keys[0])) if len({key[i] for key in keys}) > 1} if keys else set()
+
+
+def _numeric(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def nearest_key(key: tuple, known: list[tuple]) -> tuple | None:
+    """The known key closest to ``key`` (by log-ratio of the differing sizes) among those that differ
+    from it only in positions where the known keys differ among themselves; None if there is none."""
+    same_length = [k for k in known if len(k) == len(key)]
+    free = varying_positions(same_length)
+    best, best_distance = None, math.inf
+    for candidate in same_length:
+        differing = [i for i, (a, b) in enumerate(zip(key, candidate)) if a != b]
+        if not all(i in free and _numeric(key[i]) and _numeric(candidate[i]) for i in differing):
+            continue
+        distance = sum(abs(math.log2((key[i] + 1) / (candidate[i] + 1))) for i in differing)
+        if distance < best_distance:
+            best, best_distance = candidate, distance
+    return best
+
+
+class NearestChoices(dict):
+    """A kernel's choice cache (Triton's ``Autotuner.cache``, consulted with ``key in cache`` before
+    benchmarking) that answers an unknown key with the choice of its :func:`nearest_key` among the
+    restored ones. ``borrowed`` maps each such key to the key whose choice it took."""
+
+    def __init__(self, restored: dict, log: list):
+        super().__init__(restored)
+        self.borrowed: dict[tuple, tuple] = {}
+        self.log = log
+
+    def __contains__(self, key) -> bool:
+        if dict.__contains__(self, key):
+            return True
+        nearest = nearest_key(tuple(key), [known for known in self if known not in self.borrowed])
+        if nearest is None:
+            return False
+        self[key] = self[nearest]
+        self.borrowed[key] = nearest
+        self.log.append(f"{list(key)} <- {list(nearest)}")
+        return True
 
 
 def restore(kernels: dict[str, list], tuners: dict[str, object]) -> dict:
     """Fill the autotuners' choice caches from a table's ``kernels``; counts of what was and was not restored."""
-    restored, stale, absent = 0, [], []
+    restored, stale, absent, borrowed = 0, [], [], {}
     for name, entries in kernels.items():
         tuner = tuners.get(name)
         if tuner is None:
@@ -91,7 +152,10 @@ def restore(kernels: dict[str, list], tuners: dict[str, object]) -> dict:
                 continue
             tuner.cache.setdefault(tuple(key), match)
             restored += 1
-    return {"restored": restored, "stale": sorted(set(stale)), "absent": sorted(absent)}
+        if tuner.cache and not isinstance(tuner.cache, NearestChoices):
+            tuner.cache = NearestChoices(tuner.cache, borrowed.setdefault(name, []))
+    # `borrowed` fills while the run goes on: the run record, written at the end, lists those keys
+    return {"restored": restored, "stale": sorted(set(stale)), "absent": sorted(absent), "borrowed": borrowed}
 
 
 def table_path(device, requested: str | None = None) -> Path | None:

@@ -31,9 +31,9 @@ KEY = (4096, "torch.bfloat16")
 
 @pytest.fixture(autouse=True)
 def empty_cache():
-    scale_kernel.cache.clear()
+    scale_kernel.cache = {}
     yield
-    scale_kernel.cache.clear()
+    scale_kernel.cache = {}
 
 
 def test_finds_the_autotuners_of_a_module_tree_by_kernel_name():
@@ -44,7 +44,7 @@ def test_finds_the_autotuners_of_a_module_tree_by_kernel_name():
 def test_restores_a_choice_as_the_kernels_own_candidate():
     table = {NAME: [[list(KEY), autotune.describe(CONFIGS[1])]]}
     summary = autotune.restore(table, autotune.autotuners(prefix=__name__))
-    assert summary == {"restored": 1, "stale": [], "absent": []}
+    assert summary == {"restored": 1, "stale": [], "absent": [], "borrowed": {NAME: []}}
     assert scale_kernel.cache == {KEY: CONFIGS[1]}
     assert scale_kernel.cache[KEY] is CONFIGS[1]  # the object Triton would have picked, hooks and all
 
@@ -53,7 +53,7 @@ def test_a_choice_the_kernel_no_longer_offers_or_an_unknown_kernel_is_counted_no
     gone = autotune.describe(triton.Config({"BLOCK": 64}, num_warps=8))
     table = {NAME: [[list(KEY), gone]], "fla.ops.removed.kernel": [[[1], gone]]}
     summary = autotune.restore(table, autotune.autotuners(prefix=__name__))
-    assert summary == {"restored": 0, "stale": [NAME], "absent": ["fla.ops.removed.kernel"]}
+    assert summary == {"restored": 0, "stale": [NAME], "absent": ["fla.ops.removed.kernel"], "borrowed": {}}
     assert scale_kernel.cache == {}  # those keys autotune as before
 
 
@@ -124,3 +124,36 @@ def test_the_log_line_says_what_was_restored_and_what_was_not():
         f"autotune: no table restored ({autotune.ENV}=full); fla's kernels autotune on first use"
     line = autotune.summary({"requested": "table", "table": "NVIDIA_H200.json", "restored": 40, "stale": ["fla.x.k"]})
     assert line.startswith("autotune: 40 choices restored from NVIDIA_H200.json") and "fla.x.k" in line
+
+
+# fla's layer_norm keys as the H200 table holds them: (block, row blocks, flags..., dtypes)
+NORM_KEYS = [(256, 64, False, True, "torch.bfloat16"), (256, 2, False, True, "torch.bfloat16")]
+
+
+def test_the_nearest_key_differs_only_where_the_tables_keys_follow_the_length():
+    assert autotune.nearest_key((256, 30, False, True, "torch.bfloat16"), NORM_KEYS) == NORM_KEYS[0]
+    assert autotune.nearest_key((256, 3, False, True, "torch.bfloat16"), NORM_KEYS) == NORM_KEYS[1]
+    # another block size, flag or dtype is another kernel variant: it autotunes
+    assert autotune.nearest_key((128, 30, False, True, "torch.bfloat16"), NORM_KEYS) is None
+    assert autotune.nearest_key((256, 30, True, True, "torch.bfloat16"), NORM_KEYS) is None
+    assert autotune.nearest_key((256, 30, False, True, "torch.float32"), NORM_KEYS) is None
+    # a kernel tuned at one key shows nothing that varies with the length
+    assert autotune.nearest_key((256, 30, False, True, "torch.bfloat16"), NORM_KEYS[:1]) is None
+
+
+def test_an_unknown_length_runs_the_nearest_keys_choice_without_benchmarking():
+    import torch
+
+    table = {NAME: [[[4096, "torch.float32"], autotune.describe(CONFIGS[1])],
+                    [[128, "torch.float32"], autotune.describe(CONFIGS[0])]]}
+    summary = autotune.restore(table, autotune.autotuners(prefix=__name__))
+    scale_kernel.best_config = None
+    # Triton's own Autotuner.run picks the config; only the launch needs the GPU this machine lacks
+    with pytest.raises(RuntimeError):
+        scale_kernel[(1,)](torch.zeros(1000), 1000)
+    assert scale_kernel.best_config is CONFIGS[1]  # 1000 is nearer 4096 than 128 (log ratio)
+    assert getattr(scale_kernel, "bench_time", None) is None  # nothing was benchmarked
+    assert summary["borrowed"] == {NAME: ["[1000, 'torch.float32'] <- [4096, 'torch.float32']"]}
+    # a saved table holds only what was tuned or restored, never a borrowed choice
+    assert [key for key, _ in autotune.choices(autotune.autotuners(prefix=__name__))[NAME]] == \
+        [[4096, "torch.float32"], [128, "torch.float32"]]
