@@ -34,6 +34,20 @@ def _forget_outputs():
     yield
 
 
+# The files that took longest in CI (README), longest first. The two workers take whole files in
+# collection order (--no-loadscope-reorder), so these start at once instead of ending the run alone.
+LONGEST_FIRST = ["workflow/test_learning.py", "workflow/test_slurm.py", "stages/test_train_policies.py",
+                 "workflow/test_workflow.py", "stages/test_model_families.py"]
+
+
+def pytest_collection_modifyitems(config, items):
+    def rank(item) -> int:
+        relative = item.path.relative_to(Path(__file__).parent).as_posix()
+        return LONGEST_FIRST.index(relative) if relative in LONGEST_FIRST else len(LONGEST_FIRST)
+
+    items.sort(key=rank)  # stable: collection order within a file and among the others
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     """A failed test's report ends with the output of every process it ran, and says so by name
