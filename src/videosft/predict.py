@@ -24,6 +24,7 @@ import shutil
 import time
 from pathlib import Path
 
+from . import autotune
 from . import config as config_lib
 from .budget import resolve_budget
 from .chat import parse_answer
@@ -174,6 +175,9 @@ def predict(cfg: dict, adapter: Path | None, windows_path: Path | None, out: Pat
     processor = AutoProcessor.from_pretrained(cfg["model"]["path"])
     started = time.perf_counter()
     model = load_model(cfg, adapter)
+    # fla's autotuning choices for this GPU model: without them the first prompts autotune the
+    # kernels fla runs (8.6 s for one norm's key on an H200, bench/RESULTS.md)
+    autotuned = autotune.apply(model.device)
     timings = {"load_model": time.perf_counter() - started, "open": 0.0, "decode": 0.0, "preprocess": 0.0, "generate": 0.0}
     rejects = Rejects(out / "rejects.jsonl")
     outputs, results = {}, []
@@ -189,7 +193,7 @@ def predict(cfg: dict, adapter: Path | None, windows_path: Path | None, out: Pat
               f"{len(result['windows'])} answers unparseable", flush=True)
     windows = sum(len(r["windows"]) for r in results)
     record["results"] = {"source": cfg["predict"]["videos"], "model": cfg["model"]["path"],
-                         "adapter": None if adapter is None else str(adapter),
+                         "adapter": None if adapter is None else str(adapter), "autotune": autotuned,
                          "min_agreement": cfg["predict"]["min_agreement"],
                          "videos": len(videos), "predicted": len(results), "windows": windows,
                          "rejects": rejects.summary(), "outputs": outputs, "seconds": timings,
