@@ -255,3 +255,19 @@ def test_a_sample_longer_than_the_budget_is_named(tmp_path):
 
     with pytest.raises(DataError, match="ranks? would get no batch|a rank would get no batch"):
         packed_epoch_plan([400, 400, 400], 4, 1000, "drop", 0, 0)
+
+
+def test_without_packing_the_cursor_reads_the_slices_it_always_read():
+    """micro_batch samples at a time from the rank's list, a new epoch when fewer are left."""
+    from videosft.sampling import Cursor, epoch_plan
+
+    def plan_for(epoch):
+        return epoch_plan(11, 2, 2, "drop", 0, epoch)
+
+    cursor, taken = Cursor(), []
+    for _ in range(5):
+        taken.append(cursor.next_batch(plan_for, 1, 2))
+    # 11 samples, 2 ranks x 2: 3 dropped, 4 per rank, 2 batches per epoch
+    expected = [(epoch, plan_for(epoch).per_rank[1][i:i + 2]) for epoch in (0, 1) for i in (0, 2)] + \
+               [(2, plan_for(2).per_rank[1][0:2])]
+    assert taken == expected and cursor == Cursor(epoch=2, position=2)
