@@ -45,6 +45,7 @@ sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from _shared import command_line, publish, table  # noqa: E402
+from flops import H200_BF16_PEAK  # noqa: E402
 
 RESULTS = ROOT / "bench" / "RESULTS.md"
 SECTION = "packing"
@@ -192,7 +193,27 @@ def check_same_losses(model, rows, pack, video_processor, positions, device) -> 
     return {"samples": len(pack), "max_relative_difference_per_sample": worst}
 
 
-def run_mode(name, batches_of, rows, model, optimizer, video_processor, positions, device, opts) -> dict:
+def flops_counter(config, rows):
+    """Model FLOPs of a micro-batch's samples (bench/flops.py: MFU's numerator), each counted at its own
+    length: packed samples attend within themselves, and padding is no work the model needs."""
+    import dataclasses
+
+    import flops
+
+    base = flops.shape_of(config, 1, 0)
+
+    def of(indices) -> float:
+        total = 0.0
+        for i in indices:
+            tokens, (t, h, w) = rows[i]["input_tokens"], rows[i]["video_grid_thw"]
+            shape = dataclasses.replace(base, tokens=tokens, patches=t * h * w)  # patches: before the merge
+            total += tokens * flops.model_flops_per_token(shape)
+        return total
+
+    return of
+
+
+def run_mode(name, batches_of, rows, model, optimizer, video_processor, positions, device, opts, flops_of) -> dict:
     import torch
 
     from videosft.batches import BatchesAhead, tokens_in
@@ -215,7 +236,7 @@ def run_mode(name, batches_of, rows, model, optimizer, video_processor, position
         loss.item()  # the step's end on the device
         if number >= min(opts.warmup, len(batches_of) - 1):  # at least one timed
             steps.append({"seconds": time.perf_counter() - started, "waited": waited, "tokens": tokens_in(batch),
-                          "slots": batch["input_ids"].numel(), "samples": len(indices)})
+                          "slots": batch["input_ids"].numel(), "samples": len(indices), "flops": flops_of(indices)})
     ahead.close()
     peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
     seconds = sum(s["seconds"] for s in steps)
@@ -224,7 +245,8 @@ def run_mode(name, batches_of, rows, model, optimizer, video_processor, position
             "samples_per_second": sum(s["samples"] for s in steps) / seconds,
             "padding_share": 1 - sum(s["tokens"] for s in steps) / sum(s["slots"] for s in steps),
             "data_wait_share": sum(s["waited"] for s in steps) / seconds,
-            "median_step_seconds": statistics.median(s["seconds"] for s in steps), "peak_allocated_gib": peak}
+            "median_step_seconds": statistics.median(s["seconds"] for s in steps), "peak_allocated_gib": peak,
+            "model_flops_per_second": sum(s["flops"] for s in steps) / seconds}
 
 
 def main(argv=None) -> int:
@@ -276,9 +298,12 @@ def main(argv=None) -> int:
     positions = host_positions(model)
     same = check_same_losses(model, rows, packs[0], video_processor, positions, device)
     print(f"first pack vs its samples alone: {same}", flush=True)
+    flops_of = flops_counter(config, rows)
+    peak = H200_BF16_PEAK if "H200" in (torch.cuda.get_device_name(device) if device.type == "cuda" else "") else None
     results = []
     for mode in opts.modes:
-        result = run_mode(mode, schedules[mode], rows, model, optimizer, video_processor, positions, device, opts)
+        result = run_mode(mode, schedules[mode], rows, model, optimizer, video_processor, positions, device, opts,
+                          flops_of)
         results.append(result)
         print(json.dumps(result), flush=True)
     base = next((r for r in results if r["mode"] == "unpacked"), results[0])
@@ -289,11 +314,16 @@ def main(argv=None) -> int:
         f"{min(lengths)}-{max(lengths)} tokens (mean {statistics.mean(lengths):.0f}), pack budget {opts.pack_tokens}, "
         f"padded micro-batch {micro}; kernels {kernels}.", "",
         table(["mode", "micro-batches", "tokens/s", "vs unpacked", "samples/s", "padding", "data wait", "median step s",
-               "peak GiB"],
+               "peak GiB", "MFU"],
               [[r["mode"], r["micro_batches"], f"{r['tokens_per_second']:.0f}",
                 f"{r['tokens_per_second'] / base['tokens_per_second']:.2f}x", f"{r['samples_per_second']:.2f}",
                 f"{r['padding_share']:.1%}", f"{r['data_wait_share']:.1%}", f"{r['median_step_seconds']:.3f}",
-                "n/a" if r["peak_allocated_gib"] is None else f"{r['peak_allocated_gib']:.1f}"] for r in results]),
+                "n/a" if r["peak_allocated_gib"] is None else f"{r['peak_allocated_gib']:.1f}",
+                "n/a" if peak is None else f"{r['model_flops_per_second'] / peak:.1%}"] for r in results]),
+        "", "MFU: model FLOPs (bench/flops.py: forward and input gradients of the language model, attention over "
+            "each sample's own length, the frozen vision tower's forward; padding and recomputation not counted) "
+            "per second over the H200's dense bf16 peak, 989 TFLOP/s. Data wait: the share of step time spent "
+            "waiting for the next batch on the host.",
         "", f"First pack ({same['samples']} samples) vs each alone, largest relative per-token loss difference: "
             + ", ".join(f"{d:.2e}" for d in same["max_relative_difference_per_sample"]) + "."])
     if opts.no_results:
