@@ -10,6 +10,7 @@ function and hands them to the forward.
 
 from __future__ import annotations
 
+import itertools
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Callable
 
@@ -46,6 +47,51 @@ def collate(rows: list[dict], pad_id: int, video_processor, left: bool = False) 
     return batch
 
 
+def collate_pack(rows: list[dict], video_processor, positions) -> dict:
+    """One row of several samples, no padding (``train.pack_tokens``), with what keeps them apart:
+
+    * ``position_ids`` (4, 1, tokens): each sample's multimodal positions, computed alone by the
+      model's ``positions`` function (they restart at each sample), under a first row of text
+      positions 0, 1, ... restarting at each sample. From that row transformers' Qwen models build a
+      block-diagonal causal mask for their full-attention layers (``find_packed_sequence_indices``;
+      no attention mask is given, so none of padding overrides it).
+    * ``cu_seq_lens_q``: where each sample starts, and the total; Qwen3.5's Gated-DeltaNet layers
+      restart their recurrent state and convolution there (:mod:`videosft.gated_deltanet`).
+    * labels: each sample's own, with its first token unsupervised, so no position predicts across
+      a boundary (a sample's first token is never a target of its own either).
+    * the pixels and grids of every sample's video, in order, as in a padded batch.
+    """
+    import torch
+
+    if positions is None:
+        raise ValueError("packed samples need the model's multimodal position function (host_positions)")
+    alone = [collate([row], 0, video_processor) for row in rows]
+    labels = []
+    for row in rows:
+        labels += [IGNORE_INDEX] + list(row["labels"][1:])
+    lengths = [len(row["input_ids"]) for row in rows]
+    multimodal = torch.cat([positions(batch) for batch in alone], dim=-1)
+    text = torch.cat([torch.arange(n) for n in lengths]).view(1, 1, -1).to(multimodal.dtype)
+    batch = {
+        "input_ids": torch.cat([b["input_ids"] for b in alone], dim=1),
+        "labels": torch.tensor([labels], dtype=torch.long),
+        "mm_token_type_ids": torch.cat([b["mm_token_type_ids"] for b in alone], dim=1),
+        "pixel_values_videos": torch.cat([b["pixel_values_videos"] for b in alone]),
+        "video_grid_thw": torch.cat([b["video_grid_thw"] for b in alone]),
+        "position_ids": torch.cat([text, multimodal]),
+        "cu_seq_lens_q": torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.long),
+    }
+    if "second_per_grid_ts" in alone[0]:
+        batch["second_per_grid_ts"] = torch.cat([b["second_per_grid_ts"] for b in alone])
+    return batch
+
+
+def tokens_in(batch: dict) -> int:
+    """The batch's real tokens (a pack has no padding, hence no attention mask)."""
+    mask = batch.get("attention_mask")
+    return int(mask.sum()) if mask is not None else batch["input_ids"].numel()
+
+
 def host_positions(model) -> Callable[[dict], object] | None:
     """The model's own multimodal position function, to run on host tensors; None for a model
     without one (it then computes positions in its forward, as before)."""
@@ -63,9 +109,12 @@ def host_positions(model) -> Callable[[dict], object] | None:
     return positions
 
 
-def prepare(rows: list[dict], pad_id: int, video_processor, positions, pin: bool) -> dict:
-    batch = collate(rows, pad_id, video_processor)
-    if positions is not None:
+def prepare(rows: list[dict], pad_id: int, video_processor, positions, pin: bool, pack: bool = False) -> dict:
+    if pack:
+        batch = collate_pack(rows, video_processor, positions)
+    else:
+        batch = collate(rows, pad_id, video_processor)
+    if positions is not None and not pack:
         position_ids = positions(batch)
         if position_ids is not None:
             batch["position_ids"] = position_ids
@@ -86,21 +135,22 @@ class BatchesAhead:
     later taken is harmless: the stale one is discarded.
     """
 
-    def __init__(self, pad_id: int, video_processor, device, positions=None):
+    def __init__(self, pad_id: int, video_processor, device, positions=None, pack: bool = False):
         self.pad_id, self.video_processor, self.device, self.positions = pad_id, video_processor, device, positions
+        self.pack = pack  # each batch is one pack of its rows (collate_pack)
         self.pin = device.type == "cuda"
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="batches-ahead")
         self.pending: tuple[list[str], Future] | None = None
 
     def announce(self, rows: list[dict]) -> None:
         self.pending = (window_ids(rows), self.pool.submit(prepare, rows, self.pad_id, self.video_processor,
-                                                                 self.positions, self.pin))
+                                                                 self.positions, self.pin, self.pack))
 
     def take(self, rows: list[dict]) -> dict:
         if self.pending is not None and self.pending[0] == window_ids(rows):
             host = self.pending[1].result()
         else:
-            host = prepare(rows, self.pad_id, self.video_processor, self.positions, self.pin)
+            host = prepare(rows, self.pad_id, self.video_processor, self.positions, self.pin, self.pack)
         self.pending = None
         return {key: value.to(self.device, non_blocking=self.pin) for key, value in host.items()}
 

@@ -67,8 +67,9 @@ transformers rounds in between. In bf16 training:
   dw is summed over 64-token chunks in fp32 and cast to w's dtype.
 
 So fla is nearer the fp32 reference than the bf16 torch path it replaces; the check rows show both.
-Packed sequences (``cu_seq_lens_q`` / ``seq_idx`` reaching the convolution) are refused: neither
-transformers' torch convolution nor this check keeps them apart.
+Packed samples (``cu_seq_lens_q`` reaching the convolution, ``train.pack_tokens``) go to fla's
+kernel as ``cu_seqlens``, which restarts the convolution at each boundary; the check here runs
+unpacked, so a packed run's equality with unpacked samples is measured by ``bench/packing.py``.
 
     python -m videosft.fused --model-config bench/configs/Qwen3.5-4B.json --tokens 13386 201 --time
 """
@@ -363,8 +364,13 @@ def torch_kernels() -> dict:
 
     def causal_conv1d(x, weight=None, bias=None, residual=None, initial_state=None, output_final_state=False,
                       activation=None, backend="triton", cu_seqlens=None, **kwargs):
-        if residual is not None or initial_state is not None or output_final_state or cu_seqlens is not None:
+        if residual is not None or initial_state is not None or output_final_state:
             raise NotImplementedError("only the plain causal convolution is used here")
+        if cu_seqlens is not None:  # as fla: each packed sample from zeros
+            from .gated_deltanet import per_sample
+
+            return per_sample(lambda part: causal_conv1d(part, weight, bias, activation=activation)[0],
+                              cu_seqlens, 1, x), None
         channels, width = weight.shape
         padded = F.pad(x.float().transpose(1, 2), (width - 1, 0))  # [B, D, K - 1 + T]
         out = F.conv1d(padded, weight.float().unsqueeze(1), None if bias is None else bias.float(), groups=channels)
@@ -422,11 +428,13 @@ def causal_conv1d_forward(reference, causal_conv1d):
     def causal_conv1d_fn(hidden_states, weight, bias=None, activation=None, **kwargs):
         if activation not in (None, *CONV_ACTIVATIONS):
             raise ValueError(f"fla's causal_conv1d has silu or no activation, not {activation!r}")
-        if kwargs.get("cu_seq_lens_q") is not None or kwargs.get("seq_idx") is not None:
-            raise ValueError(f"packed sequences reach the causal convolution; the fused one is not checked for "
-                             f"them. Set {ENV}=torch.")
-        # transformers' [B, D, T] is a transpose of the projection's [B, T, D] output: fla reads it in place
-        out, _ = causal_conv1d(x=hidden_states.transpose(1, 2), weight=weight, bias=bias, activation=activation)
+        if kwargs.get("seq_idx") is not None:
+            raise ValueError(f"seq_idx reaches the causal convolution; packed samples are marked by cu_seq_lens_q "
+                             f"here. Set {ENV}=torch.")
+        # transformers' [B, D, T] is a transpose of the projection's [B, T, D] output: fla reads it in place.
+        # Packed samples (train.pack_tokens): fla restarts the convolution at each boundary itself.
+        out, _ = causal_conv1d(x=hidden_states.transpose(1, 2), weight=weight, bias=bias, activation=activation,
+                               cu_seqlens=kwargs.get("cu_seq_lens_q"))
         return out.transpose(1, 2)
 
     causal_conv1d_fn.__wrapped__ = reference  # inspect.unwrap finds transformers' torch function again

@@ -23,6 +23,14 @@ is exact (fp32 inside) but slow. This module makes the choice explicit and check
 Only the chunked form is switched: training never takes the recurrent (single-token, cached) path.
 The causal 1-D convolution before it, and the norms around it, are :mod:`videosft.fused`'s, which
 checks them with this module's comparison (bound, relative errors, agreement of the ranks).
+
+Packed sequences (``train.pack_tokens``): the layer passes the boundaries it was given
+(``cu_seq_lens_q``) to the chunked rule as ``cu_seqlens`` and, in its keyword arguments, to the
+causal convolution. transformers' torch functions take them and ignore them, so each sample's
+recurrent state and its first three convolution taps would carry the sample before it (the bug of
+ms-swift PR 9865 and lmms-engine PR 167). Here the torch rule and the torch convolution run once
+per sample when boundaries are given (:func:`per_sample`): the same computation as the sample
+alone. fla's kernels take ``cu_seqlens`` themselves.
 """
 
 from __future__ import annotations
@@ -44,6 +52,7 @@ RELATIVE_ERROR_BOUND = 1e-2
 CHECK_MAX_TOKENS = 8192
 CHECK_SHORT_TOKENS = 200  # 3 full chunks of 64 and a partial one
 NAME = "torch_chunk_gated_delta_rule"  # the name the modeling modules call
+CONV_NAME = "causal_conv1d_fn"  # the convolution before it, called with the layer's keyword arguments
 
 
 class KernelCheckError(UserError, RuntimeError):
@@ -58,16 +67,33 @@ def torch_reference(function):
     return inspect.unwrap(function)
 
 
+def per_sample(function, cu_seqlens, dim: int, *tensors):
+    """``function`` on each packed sample's slice of ``tensors`` (along ``dim``), outputs joined again."""
+    import torch
+
+    bounds = cu_seqlens.tolist()
+    if bounds[0] != 0 or bounds[-1] != tensors[0].shape[dim]:
+        raise ValueError(f"packed sequence boundaries {bounds} do not cover the {tensors[0].shape[dim]} tokens")
+    pieces = [function(*(t.narrow(dim, start, end - start) for t in tensors))
+              for start, end in zip(bounds[:-1], bounds[1:])]
+    return torch.cat(pieces, dim=dim)
+
+
 def torch_implementation(reference):
-    """The torch path, refusing packed sequences it cannot keep apart (as transformers does)."""
+    """The torch path; packed samples run one by one, each from a zero state."""
 
     def torch_chunk_gated_delta_rule(query, key, value, g, beta, chunk_size=64, initial_state=None,
                                      output_final_state=False, use_qk_l2norm_in_kernel=False, cu_seqlens=None,
                                      **kwargs):
-        if cu_seqlens is not None:
-            raise ValueError("the torch Gated-DeltaNet implementation cannot keep packed sequences apart")
-        return reference(query, key, value, g, beta, chunk_size=chunk_size, initial_state=initial_state,
-                         output_final_state=output_final_state, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel)
+        def run(q, k, v, g_, b):
+            return reference(q, k, v, g_, b, chunk_size=chunk_size, initial_state=initial_state,
+                             output_final_state=output_final_state, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel)
+
+        if cu_seqlens is None:
+            return run(query, key, value, g, beta)
+        if initial_state is not None or output_final_state or query.shape[0] != 1:
+            raise ValueError("packed sequences are for training: one row, no recurrent state in or out")
+        return per_sample(lambda *parts: run(*parts)[0], cu_seqlens, 1, query, key, value, g, beta), None
 
     torch_chunk_gated_delta_rule.implementation = "torch"
     torch_chunk_gated_delta_rule.__wrapped__ = reference  # so torch_reference() finds it again
@@ -90,6 +116,29 @@ def fla_implementation(reference):
     fla_chunk_gated_delta_rule.implementation = "fla"
     fla_chunk_gated_delta_rule.__wrapped__ = reference
     return fla_chunk_gated_delta_rule
+
+
+def packed_convolution(convolution):
+    """transformers' causal convolution (``hidden [B, D, T]``), once per sample when the layer's
+    keyword arguments carry packed boundaries (``cu_seq_lens_q``): each sample starts from zeros."""
+
+    def causal_conv1d_fn(hidden_states, weight, bias=None, activation=None, **kwargs):
+        cu_seqlens = kwargs.pop("cu_seq_lens_q", None)
+        if cu_seqlens is None:
+            return convolution(hidden_states, weight, bias, activation=activation, **kwargs)
+        return per_sample(lambda x: convolution(x, weight, bias, activation=activation, **kwargs), cu_seqlens, 2,
+                          hidden_states)
+
+    causal_conv1d_fn.packed = True
+    causal_conv1d_fn.__wrapped__ = inspect.unwrap(convolution)
+    return causal_conv1d_fn
+
+
+def bind_packed_convolution(modeling) -> None:
+    """Bind :func:`packed_convolution` around the modeling module's convolution, once."""
+    current = getattr(modeling, CONV_NAME, None)
+    if current is not None and not getattr(current, "packed", False):
+        setattr(modeling, CONV_NAME, packed_convolution(current))
 
 
 def fla_import_status(modules: tuple[str, ...]) -> dict:
@@ -257,6 +306,8 @@ def select_gated_delta_rule(model, device, longest_tokens: int, requested: str |
         return record
     record["layer_shapes"] = [list(shape) for shape in shapes]
     modules = set(shapes.values())
+    for module in modules:
+        bind_packed_convolution(module)
     references = {m: torch_reference(getattr(m, NAME)) for m in modules}
     status = fla_status()
     record["fla"] = status

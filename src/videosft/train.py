@@ -38,7 +38,7 @@ import numpy as np
 from . import autotune
 from . import config as config_lib
 from .adapter import gathered_lora_state, lora_parameters, save_adapter
-from .batches import BatchesAhead, host_positions
+from .batches import BatchesAhead, host_positions, tokens_in
 from .chat import IGNORE_INDEX
 from .checkpoint import build_meta_model, load_checkpoint, model_class
 from .errors import ConfigError, InputError
@@ -50,7 +50,8 @@ from .pixels import load_video_processor
 from .progress import ProgressLine
 from .provenance import exit_after, path_fingerprint, run_record, stage_parser, write_json
 from .sample_store import read_samples, sample_files
-from .sampling import Cursor, DataError, check_every_rank_has_a_batch, check_ledgers, epoch_plan
+from .sampling import Cursor, DataError, check_every_rank_has_a_batch, check_ledgers, check_pack_budget, epoch_plan, \
+    packed_epoch_plan
 from .vision_attention import batch_vision_attention
 
 PROCESS_STARTED = time.time()  # torch, deepspeed and the kernels import after this
@@ -184,7 +185,11 @@ def _checkpoint_inputs_on_host(checkpoint, pin_memory: bool, function, *args, **
 
 
 def supervised_loss(model, batch: dict):
-    """Cross-entropy over the supervised positions only: the LM head never sees the rest."""
+    """Cross-entropy over the supervised positions only: the LM head never sees the rest.
+
+    The mean over every supervised token of the micro-batch: each token weighs the same, in a padded
+    batch as in a pack (``train.pack_tokens``), so a pack's loss is that of its samples as a padded
+    batch, and a sample's tokens count as they would there."""
     import torch
 
     labels = batch["labels"]
@@ -292,9 +297,17 @@ class Run:
     def train_cfg(self) -> dict:
         return self.cfg["train"]
 
+    @property
+    def pack_tokens(self) -> int | None:
+        """The tokens-per-micro-batch budget of packed batches, or None for padded ones."""
+        return self.train_cfg["pack_tokens"] or None
+
     def plan_for(self, epoch: int):
         """The seeded order every rank reads its samples in, for one epoch."""
         train_cfg = self.train_cfg
+        if self.pack_tokens:
+            return packed_epoch_plan([row["input_tokens"] for row in self.rows], self.world, self.pack_tokens,
+                                     train_cfg["tail"], train_cfg["seed"], epoch, train_cfg["smoke"])
         return epoch_plan(len(self.rows), self.world, train_cfg["micro_batch_size"], train_cfg["tail"],
                           train_cfg["seed"], epoch, train_cfg["smoke"])
 
@@ -355,12 +368,31 @@ def prepare(cfg: dict, samples_path: Path, probe_path: Path, out: Path) -> Run:
     if train_cfg["offload_activations"] and not train_cfg["gradient_checkpointing"]:
         raise ConfigError("train.offload_activations moves the inputs that gradient checkpointing keeps; "
                           "it needs train.gradient_checkpointing: true")
+    check_packing(train_cfg)
     rows = load_samples(samples_path)
     check_every_rank_has_a_batch(len(rows), world, train_cfg["micro_batch_size"], train_cfg["tail"],
                                  train_cfg["smoke"])
+    if train_cfg["pack_tokens"]:
+        check_pack_budget([row["input_tokens"] for row in rows], [row["window_id"] for row in rows],
+                          train_cfg["pack_tokens"])
     precision = choose_precision(train_cfg["precision"])
     ds_config = deepspeed_config(Path(train_cfg["deepspeed_config"]), train_cfg, world, precision)
-    return Run(cfg, out, rank, world, device, precision, probe, rows, ds_config)
+    run = Run(cfg, out, rank, world, device, precision, probe, rows, ds_config)
+    run.plan_for(0)  # a packed schedule that would leave a rank idle fails here, on every rank alike
+    return run
+
+
+def check_packing(train_cfg: dict) -> None:
+    """The options packed batches (train.pack_tokens) cannot work with."""
+    if not train_cfg["pack_tokens"]:
+        return
+    if train_cfg["micro_batch_size"] != 1:
+        raise ConfigError(f"train.pack_tokens={train_cfg['pack_tokens']} makes each micro-batch one pack of samples; "
+                          f"set train.micro_batch_size: 1 (it is {train_cfg['micro_batch_size']}), or pack_tokens: null")
+    if train_cfg["tail"] == "error":
+        raise ConfigError("train.pack_tokens with train.tail: error: the number of packs changes from epoch to epoch, "
+                          "so whether it divides into the ranks cannot be promised before training; set train.tail "
+                          "to pad or drop (applied to whole packs)")
 
 
 def build_engine(run: Run) -> Built:
@@ -371,7 +403,7 @@ def build_engine(run: Run) -> Built:
     import torch
 
     train_cfg, model_dir = run.train_cfg, Path(run.cfg["model"]["path"])
-    longest = max(r["input_tokens"] for r in run.rows)
+    longest = run.pack_tokens or max(r["input_tokens"] for r in run.rows)  # fla's kernels see a whole pack
     # The Gated-DeltaNet check binds a function of the modeling module and needs only the layers'
     # shapes: it runs on the meta-device model, before the weights take GPU memory (its fp32
     # reference took 3.1 GiB more at 64 frames, enough to break a 12 GiB card's plan).
@@ -440,7 +472,8 @@ def run_steps(run: Run, built: Built, cursor: Cursor, first_step: int, identity:
     ledger = open(run.out / f"ledger.rank{rank}.jsonl", "a")
     engine.train()
     model_dir = Path(run.cfg["model"]["path"])
-    batches = BatchesAhead(_pad_id(model_dir), load_video_processor(model_dir), device, host_positions(engine.module))
+    batches = BatchesAhead(_pad_id(model_dir), load_video_processor(model_dir), device, host_positions(engine.module),
+                           pack=bool(run.pack_tokens))
     for step in range(first_step, train_cfg["steps"]):
         reset_peak_memory(device)
         profiled = train_cfg["profile_step"]
@@ -463,7 +496,7 @@ def run_steps(run: Run, built: Built, cursor: Cursor, first_step: int, identity:
             engine.backward(loss)
             engine.step()
             step_loss += loss.item() / train_cfg["grad_accum"]
-            tokens += int(batch["attention_mask"].sum())
+            tokens += tokens_in(batch)
             consumed.extend(batch_rows)
             for index, row in zip(indices, batch_rows):
                 ledger.write(json.dumps({"epoch": epoch, "step": step, "index": index,
@@ -539,7 +572,7 @@ def finish(run: Run, built: Built, progress: Progress, resumed_from_step: int | 
         "ledger": check_ledgers(run.out, run.world, len(run.rows), run.plan_for, [r["window_id"] for r in run.rows],
                                 train_cfg["smoke"]),
         "zero_stage": run.ds_config["zero_optimization"]["stage"], "zero3_leaf_blocks": built.leaf_blocks,
-        "memory": memory_comparison(run.probe, run.rows, run.world, run.ds_config, run.precision, train_cfg,
+        "memory": memory_comparison(run.probe, planned_batches(run), run.world, run.ds_config, run.precision, train_cfg,
                                     all_peaks, kernel_set(built.kernels)),
     }
 
@@ -577,6 +610,17 @@ def require_video(batch_rows: list[dict], rank: int) -> None:
 def lora_unchanged(model, initial: dict) -> list[str]:
     current = gathered_lora_state(model)
     return [name for name, value in current.items() if value.equal(initial[name])]
+
+
+def planned_batches(run: Run) -> list[dict]:
+    """What the memory plan is sized by: the samples, or with packing each pack of the first epoch,
+    as one sample of all its tokens and frames."""
+    if not run.pack_tokens:
+        return run.rows
+    facts = ("input_tokens", "visual_tokens", "supervised_tokens")
+    return [{**{key: sum(run.rows[i][key] for i in pack) for key in facts},
+             "frame_indices": [f for i in pack for f in run.rows[i]["frame_indices"]]}
+            for packs in run.plan_for(0).packs for pack in packs]
 
 
 def memory_comparison(probe: dict, rows: list[dict], world: int, ds_config: dict, precision: str,

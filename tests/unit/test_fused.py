@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import inspect
+
 import json
 from pathlib import Path
 
@@ -320,14 +322,20 @@ def test_a_forward_already_on_the_instance_is_not_dropped():
     assert _instance_forwards(model) == ["model.layers.1.mlp"]  # nothing else bound either
 
 
-def test_the_fused_convolution_refuses_packed_sequences_and_other_activations():
+def test_the_fused_convolution_passes_packed_boundaries_on_and_refuses_other_activations():
     kernels = fused.torch_kernels()
-    conv = fused.causal_conv1d_forward(modeling.causal_conv1d_fn, kernels["causal_conv1d"])
+    reference = inspect.unwrap(modeling.causal_conv1d_fn)
+    conv = fused.causal_conv1d_forward(reference, kernels["causal_conv1d"])
     hidden, weight = torch.randn(1, 8, 5), torch.randn(8, 4)
     torch.testing.assert_close(conv(hidden, weight, None, activation="silu"),
-                               modeling.causal_conv1d_fn(hidden, weight, None, activation="silu"))
-    with pytest.raises(ValueError, match="packed sequences"):
-        conv(hidden, weight, None, activation="silu", cu_seq_lens_q=torch.tensor([0, 2, 5]))
+                               reference(hidden, weight, None, activation="silu"))
+    packed = conv(hidden, weight, None, activation="silu", cu_seq_lens_q=torch.tensor([0, 2, 5]))
+    alone = torch.cat([reference(hidden[..., :2], weight, None, activation="silu"),
+                       reference(hidden[..., 2:], weight, None, activation="silu")], dim=-1)
+    torch.testing.assert_close(packed, alone)
+    assert not torch.allclose(packed, reference(hidden, weight, None, activation="silu"))  # the boundary counts
+    with pytest.raises(ValueError, match="seq_idx"):
+        conv(hidden, weight, None, activation="silu", seq_idx=torch.tensor([0, 0, 1, 1, 1]))
     with pytest.raises(ValueError, match="silu or no activation"):
         conv(hidden, weight, None, activation="gelu")
 

@@ -14,6 +14,12 @@ LENGTHS = [70]  # one full chunk of 64 and a partial one
 CPU = torch.device("cpu")
 
 
+@pytest.fixture(autouse=True)
+def _convolution_restored(monkeypatch):
+    """Selection also binds the packed-sample convolution into the modeling module: undone after each test."""
+    monkeypatch.setattr(modeling, gated_deltanet.CONV_NAME, modeling.causal_conv1d_fn)
+
+
 @pytest.fixture
 def reference():
     return gated_deltanet.torch_reference(modeling.torch_chunk_gated_delta_rule)
@@ -83,8 +89,29 @@ def test_selection_on_cpu_binds_torch_and_says_why(monkeypatch):
     assert record["implementation"] == "torch" and record["layer_shapes"] == [[1, 2, 8, 8]]
     assert record["reason"] in ("fla does not import", "no CUDA device")
     assert getattr(modeling, gated_deltanet.NAME).implementation == "torch"
-    with pytest.raises(ValueError, match="packed sequences"):
-        getattr(modeling, gated_deltanet.NAME)(*[None] * 5, cu_seqlens=torch.tensor([0, 4]))
+
+
+def test_the_torch_paths_run_packed_samples_apart(monkeypatch):
+    """Rule and convolution, given boundaries, equal each sample run alone; without them the second
+    sample's output differs (the state leak the boundaries prevent), so the equality means something."""
+    monkeypatch.setattr(modeling, gated_deltanet.NAME, modeling.torch_chunk_gated_delta_rule)
+    gated_deltanet.select_gated_delta_rule(_tiny_model(), CPU, 500)
+    rule, conv = getattr(modeling, gated_deltanet.NAME), getattr(modeling, gated_deltanet.CONV_NAME)
+    inputs = gated_deltanet.check_inputs(SHAPE, 70, "slow", CPU)
+    q, k, v, g, beta = (inputs[n].float() for n in ("query", "key", "value", "g", "beta"))
+    bounds = torch.tensor([0, 50, 70])
+    packed, state = rule(q, k, v, g, beta, use_qk_l2norm_in_kernel=True, cu_seqlens=bounds)
+    alone = [rule(*(t[:, a:b] for t in (q, k, v, g, beta)), use_qk_l2norm_in_kernel=True)[0] for a, b in ((0, 50), (50, 70))]
+    assert state is None
+    torch.testing.assert_close(packed, torch.cat(alone, dim=1), rtol=0, atol=0)
+    leaked = rule(q, k, v, g, beta, use_qk_l2norm_in_kernel=True)[0]
+    assert (leaked[:, 50:] - alone[1]).abs().max() > 1e-3
+    hidden, weight = torch.randn(1, 6, 9), torch.randn(6, 4)
+    packed = conv(hidden, weight, None, activation="silu", cu_seq_lens_q=torch.tensor([0, 4, 9]))
+    alone = torch.cat([conv(hidden[..., :4], weight, None, activation="silu"),
+                       conv(hidden[..., 4:], weight, None, activation="silu")], dim=-1)
+    torch.testing.assert_close(packed, alone, rtol=0, atol=0)
+    assert (conv(hidden, weight, None, activation="silu")[..., 4:] - alone[..., 4:]).abs().max() > 1e-3
 
 
 def test_asking_for_fla_where_it_cannot_run_is_an_error(monkeypatch):

@@ -1,0 +1,338 @@
+"""Packed vs unpacked batches (train.pack_tokens, issue #20): tokens/s and how long the device waits for data.
+
+    python bench/packing.py --model-config bench/configs/Qwen3.5-4B.json --device cuda --pack-tokens 16384
+    python bench/packing.py --device cpu --no-results          # smoke: a tiny Qwen3.5, a few samples
+
+One process, one device, no DeepSpeed: the train stage's own pieces on a random-weight model built
+from a config (``--model-config``; ``tiny`` builds a small Qwen3.5 here), LoRA on the language model,
+the train stage's kernel selection (fla's checked kernels on a GPU where they import), gradient
+checkpointing, AdamW. Every mode trains on the same samples, one epoch of the same seeded order:
+
+* ``unpacked``: one sample per micro-batch (``micro_batch_size: 1``, today's default);
+* ``padded``: ``--micro-batch`` samples per micro-batch, padded to the longest
+  (default: the packed mode's mean samples per pack);
+* ``packed``: packs of at most ``--pack-tokens`` tokens (``videosft.sampling.packed_epoch_plan``).
+
+Batches are prepared one ahead on a host thread (``videosft.batches.BatchesAhead``), pixels rebuilt
+from lossless WebP frames as the train stage does. Per mode: real tokens/s (padding not counted),
+samples/s, and *data wait*: the share of step time spent in ``take()`` waiting for the batch to be
+ready (each step ends on ``loss.item()``, so the device is idle while the host waits). The first
+``--warmup`` micro-batches of each mode are not timed (Triton compiles and autotunes there).
+
+Same math: before timing, the first pack's per-token losses are compared with each of its samples
+alone (the CPU tests hold this to 1e-5 in float32; on a GPU in bf16 expect bf16-level differences,
+relative ~1e-2 per token, and a state leak shows as differences of whole units on later samples).
+
+The samples are shaped like QVHighlights windows: clips of 150 s (1,511 of the 1,550 validation
+clips; ``--annotations`` reads the real durations, queries and relevant windows from
+highlight_val_release.jsonl), cut into ``--window-seconds`` windows with a short last window (the
+window stage's ``tail: short``), ``--fps`` frames per second, ``--frame-size`` pixels, a query and
+the answer's ranges as text. Lengths then differ with the windows' durations and the answers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from _shared import command_line, publish, table  # noqa: E402
+from flops import H200_BF16_PEAK  # noqa: E402
+
+RESULTS = ROOT / "bench" / "RESULTS.md"
+SECTION = "packing"
+IGNORE_INDEX = -100
+
+
+def tiny_config():
+    from transformers import Qwen3_5Config
+
+    return Qwen3_5Config(
+        text_config=dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=32, linear_key_head_dim=16,
+                         linear_value_head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4,
+                         rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25,
+                                          "mrope_section": [2, 1, 1], "mrope_interleaved": True}),
+        vision_config=dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64,
+                           patch_size=16, temporal_patch_size=2, spatial_merge_size=2, num_position_embeddings=64),
+        image_token_id=500, video_token_id=501, vision_start_token_id=502, vision_end_token_id=503)
+
+
+def load_config(argument: str):
+    from transformers import AutoConfig
+
+    if argument == "tiny":
+        return tiny_config()
+    values = json.loads(Path(argument).read_text())
+    return AutoConfig.for_model(values.pop("model_type"), **values)
+
+
+def clips(opts) -> list[dict]:
+    """(duration, query words, relevant windows) per clip: the real file's, or QVHighlights-shaped."""
+    import random
+
+    if opts.annotations:
+        rows = [json.loads(line) for line in Path(opts.annotations).read_text().splitlines() if line.strip()]
+        return [{"duration": r["duration"], "words": len(r["query"].split()), "windows": r["relevant_windows"]}
+                for r in rows]
+    rng = random.Random(0)
+    return [{"duration": 150.0, "words": rng.randint(5, 16),
+             "windows": sorted([[s, s + rng.choice([4, 10, 20])] for s in rng.sample(range(0, 140, 2), rng.randint(1, 3))])}
+            for _ in range(opts.samples)]
+
+
+def frames_for(seconds: float, opts, rng):
+    """Smooth moving blocks (compresses and decodes like video, unlike noise), (T, 3, H, W) uint8."""
+    import numpy as np
+    import torch
+
+    count = max(2, min(opts.max_frames, 2 * math.ceil(seconds * opts.fps / 2)))
+    height, width = opts.frame_size
+    blocks = rng.integers(0, 256, (3, height // 16 + 2, width // 16 + 2)).astype(np.uint8)
+    frames = []
+    for t in range(count):
+        image = np.kron(blocks, np.ones((16, 16), dtype=np.uint8))
+        frames.append(np.roll(image, t, axis=2)[:, :height, :width])
+    return torch.from_numpy(np.stack(frames))
+
+
+def make_samples(config, video_processor, opts) -> list[dict]:
+    """Samples as the store holds them, in the family's prompt layout, from QVHighlights-shaped windows."""
+    import numpy as np
+
+    from videosft.pixels import stored_frames
+    from videosft.timeline import window_bounds
+
+    text_config = getattr(config, "text_config", config)
+    vocab = min(text_config.vocab_size, 100_000) - 16
+    video, start, end = config.video_token_id, config.vision_start_token_id, config.vision_end_token_id
+    merge = config.vision_config.spatial_merge_size
+    patch = config.vision_config.patch_size
+    rng = np.random.default_rng(0)
+    rows = []
+    for clip in clips(opts):
+        for w_start, w_end in window_bounds(clip["duration"], opts.window_seconds, opts.window_seconds, "short"):
+            if len(rows) == opts.samples:
+                return rows
+            frames = frames_for(w_end - w_start, opts, rng)
+            pairs = frames.shape[0] // 2
+            grid = [pairs, frames.shape[2] // patch, frames.shape[3] // patch]
+            per_pair = grid[1] * grid[2] // merge ** 2
+            text = lambda n: rng.integers(1, vocab, n).tolist()  # noqa: E731
+            if config.model_type == "qwen2_5_vl":
+                ids_video = [start] + [video] * (per_pair * pairs) + [end]
+            else:  # Qwen3-VL / Qwen3.5: each frame pair after its <t seconds> marker
+                ids_video = [tok for _ in range(pairs) for tok in (*text(4), start, *[video] * per_pair, end)]
+            kept = [r for r in clip["windows"] if r[1] > w_start and r[0] < w_end]
+            answer = text(max(1, 8 * len(kept)) + 1)
+            ids = text(24 + round(1.3 * clip["words"])) + ids_video + text(6) + answer
+            rows.append({"window_id": f"w{len(rows):05d}", "input_ids": ids,
+                         "labels": [IGNORE_INDEX] * (len(ids) - len(answer)) + answer,
+                         "mm_token_type_ids": [2 if t == video else 0 for t in ids], **stored_frames(frames),
+                         "video_grid_thw": grid, "input_tokens": len(ids),
+                         "second_per_grid": 2 / opts.fps if config.model_type == "qwen2_5_vl" else None})
+    return rows
+
+
+def build(config, device, dtype, longest: int, opts):
+    import torch
+
+    from videosft import config as config_lib
+    from videosft.checkpoint import model_class
+    from videosft.fused import select_fused_kernels
+    from videosft.gated_deltanet import select_gated_delta_rule
+    from videosft.train import add_lora, enable_checkpointing
+    from videosft.vision_attention import batch_vision_attention
+
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = model_class(config)._from_config(config, dtype=dtype)
+    kernels = {"gated_deltanet": select_gated_delta_rule(model, device, longest)["implementation"],
+               "fused": select_fused_kernels(model, device, longest)["implementation"],
+               "vision_batched": batch_vision_attention(model)}
+    enable_checkpointing(model, offload=False, pin_memory=False)
+    lora = {**config_lib.resolve({})["lora"], "dropout": 0.0}
+    model, _ = add_lora(model, lora, 0)
+    model.train()
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    return model, torch.optim.AdamW(trainable, lr=1e-5), kernels
+
+
+def check_same_losses(model, rows, pack, video_processor, positions, device) -> dict:
+    """The first pack's per-token losses against each of its samples alone, on the device."""
+    import torch
+
+    from videosft.batches import prepare
+
+    def token_losses(batch, start=0, end=None):
+        batch = {k: v.to(device) for k, v in batch.items()}
+        with torch.no_grad():
+            logits = model(**{k: v for k, v in batch.items() if k != "labels"}, use_cache=False).logits[0].float()
+        end = end or logits.shape[0]
+        targets = batch["labels"][0, start + 1:end]
+        chosen = targets != IGNORE_INDEX
+        return torch.nn.functional.cross_entropy(logits[start:end - 1][chosen], targets[chosen], reduction="none")
+
+    model.eval()
+    packed = prepare([rows[i] for i in pack], 0, video_processor, positions, pin=False, pack=True)
+    bounds = packed["cu_seq_lens_q"].tolist()
+    worst = []
+    for index, start, end in zip(pack, bounds[:-1], bounds[1:]):
+        alone = token_losses(prepare([rows[index]], 0, video_processor, positions, pin=False))
+        together = token_losses(packed, start, end)
+        worst.append(((together - alone).abs() / alone.abs().clamp_min(1e-6)).max().item())
+    model.train()
+    return {"samples": len(pack), "max_relative_difference_per_sample": worst}
+
+
+def flops_counter(config, rows):
+    """Model FLOPs of a micro-batch's samples (bench/flops.py: MFU's numerator), each counted at its own
+    length: packed samples attend within themselves, and padding is no work the model needs."""
+    import dataclasses
+
+    import flops
+
+    base = flops.shape_of(config, 1, 0)
+
+    def of(indices) -> float:
+        total = 0.0
+        for i in indices:
+            tokens, (t, h, w) = rows[i]["input_tokens"], rows[i]["video_grid_thw"]
+            shape = dataclasses.replace(base, tokens=tokens, patches=t * h * w)  # patches: before the merge
+            total += tokens * flops.model_flops_per_token(shape)
+        return total
+
+    return of
+
+
+def run_mode(name, batches_of, rows, model, optimizer, video_processor, positions, device, opts, flops_of) -> dict:
+    import torch
+
+    from videosft.batches import BatchesAhead, tokens_in
+    from videosft.train import supervised_loss
+
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    ahead = BatchesAhead(0, video_processor, device, positions, pack=name == "packed")
+    steps = []
+    for number, indices in enumerate(batches_of):
+        started = time.perf_counter()
+        batch = ahead.take([rows[i] for i in indices])
+        waited = time.perf_counter() - started
+        if number + 1 < len(batches_of):
+            ahead.announce([rows[i] for i in batches_of[number + 1]])
+        loss = supervised_loss(model, batch)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        loss.item()  # the step's end on the device
+        if number >= min(opts.warmup, len(batches_of) - 1):  # at least one timed
+            steps.append({"seconds": time.perf_counter() - started, "waited": waited, "tokens": tokens_in(batch),
+                          "slots": batch["input_ids"].numel(), "samples": len(indices), "flops": flops_of(indices)})
+    ahead.close()
+    peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
+    seconds = sum(s["seconds"] for s in steps)
+    return {"mode": name, "micro_batches": len(steps), "samples": sum(s["samples"] for s in steps),
+            "tokens_per_second": sum(s["tokens"] for s in steps) / seconds,
+            "samples_per_second": sum(s["samples"] for s in steps) / seconds,
+            "padding_share": 1 - sum(s["tokens"] for s in steps) / sum(s["slots"] for s in steps),
+            "data_wait_share": sum(s["waited"] for s in steps) / seconds,
+            "median_step_seconds": statistics.median(s["seconds"] for s in steps), "peak_allocated_gib": peak,
+            "model_flops_per_second": sum(s["flops"] for s in steps) / seconds}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model-config", default="tiny", help="a model's config.json, or 'tiny'")
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--samples", type=int, default=96)
+    parser.add_argument("--pack-tokens", type=int, default=16384)
+    parser.add_argument("--micro-batch", type=int, default=None, help="padded mode's samples per micro-batch")
+    parser.add_argument("--window-seconds", type=float, default=60.0)
+    parser.add_argument("--fps", type=float, default=1.0)
+    parser.add_argument("--max-frames", type=int, default=128)
+    parser.add_argument("--frame-size", type=int, nargs=2, default=[448, 448], metavar=("H", "W"))
+    parser.add_argument("--annotations", type=Path, help="QVHighlights highlight_val_release.jsonl (real durations)")
+    parser.add_argument("--modes", nargs="+", default=["unpacked", "padded", "packed"])
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--results", type=Path, default=RESULTS)
+    parser.add_argument("--no-results", action="store_true", help="print only; leave RESULTS.md alone")
+    opts = parser.parse_args(argv)
+    if opts.device == "cpu" and opts.model_config == "tiny" and "--samples" not in " ".join(sys.argv):
+        opts.samples, opts.frame_size, opts.window_seconds, opts.pack_tokens = 16, [64, 64], 16.0, 512
+
+    import torch
+
+    from videosft.batches import host_positions
+    from videosft.sampling import epoch_plan, packed_epoch_plan
+
+    device = torch.device(opts.device)
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    config = load_config(opts.model_config)
+    from transformers.models.qwen2_vl.video_processing_qwen2_vl import Qwen2VLVideoProcessor
+    from transformers.models.qwen3_vl.video_processing_qwen3_vl import Qwen3VLVideoProcessor
+
+    geometry = dict(patch_size=config.vision_config.patch_size, temporal_patch_size=2,
+                    merge_size=config.vision_config.spatial_merge_size)
+    video_processor = (Qwen2VLVideoProcessor if config.model_type == "qwen2_5_vl" else Qwen3VLVideoProcessor)(**geometry)
+    started = time.perf_counter()
+    rows = make_samples(config, video_processor, opts)
+    lengths = [row["input_tokens"] for row in rows]
+    print(f"{len(rows)} samples of {min(lengths)}-{max(lengths)} tokens (mean {statistics.mean(lengths):.0f}) "
+          f"made in {time.perf_counter() - started:.1f} s", flush=True)
+    packs = packed_epoch_plan(lengths, 1, opts.pack_tokens, "pad", 0, 0).packs[0]
+    micro = opts.micro_batch or max(1, round(len(rows) / len(packs)))
+    schedules = {"unpacked": [[i] for i in epoch_plan(len(rows), 1, 1, "pad", 0, 0).per_rank[0]],
+                 "padded": [b for b in (lambda o: [o[i:i + micro] for i in range(0, len(o), micro)])(
+                     epoch_plan(len(rows), 1, micro, "pad", 0, 0).per_rank[0])],
+                 "packed": packs}
+    model, optimizer, kernels = build(config, device, dtype, opts.pack_tokens, opts)
+    positions = host_positions(model)
+    same = check_same_losses(model, rows, packs[0], video_processor, positions, device)
+    print(f"first pack vs its samples alone: {same}", flush=True)
+    flops_of = flops_counter(config, rows)
+    peak = H200_BF16_PEAK if "H200" in (torch.cuda.get_device_name(device) if device.type == "cuda" else "") else None
+    results = []
+    for mode in opts.modes:
+        result = run_mode(mode, schedules[mode], rows, model, optimizer, video_processor, positions, device, opts,
+                          flops_of)
+        results.append(result)
+        print(json.dumps(result), flush=True)
+    base = next((r for r in results if r["mode"] == "unpacked"), results[0])
+    device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    text = "\n".join([
+        "## Packed batches (`bench/packing.py`)", "",
+        f"`{command_line()}` on {device_name}, {time.strftime('%Y-%m-%d')}: {len(rows)} samples of "
+        f"{min(lengths)}-{max(lengths)} tokens (mean {statistics.mean(lengths):.0f}), pack budget {opts.pack_tokens}, "
+        f"padded micro-batch {micro}; kernels {kernels}.", "",
+        table(["mode", "micro-batches", "tokens/s", "vs unpacked", "samples/s", "padding", "data wait", "median step s",
+               "peak GiB", "MFU"],
+              [[r["mode"], r["micro_batches"], f"{r['tokens_per_second']:.0f}",
+                f"{r['tokens_per_second'] / base['tokens_per_second']:.2f}x", f"{r['samples_per_second']:.2f}",
+                f"{r['padding_share']:.1%}", f"{r['data_wait_share']:.1%}", f"{r['median_step_seconds']:.3f}",
+                "n/a" if r["peak_allocated_gib"] is None else f"{r['peak_allocated_gib']:.1f}",
+                "n/a" if peak is None else f"{r['model_flops_per_second'] / peak:.1%}"] for r in results]),
+        "", "MFU: model FLOPs (bench/flops.py: forward and input gradients of the language model, attention over "
+            "each sample's own length, the frozen vision tower's forward; padding and recomputation not counted) "
+            "per second over the H200's dense bf16 peak, 989 TFLOP/s. Data wait: the share of step time spent "
+            "waiting for the next batch on the host.",
+        "", f"First pack ({same['samples']} samples) vs each alone, largest relative per-token loss difference: "
+            + ", ".join(f"{d:.2e}" for d in same["max_relative_difference_per_sample"]) + "."])
+    if opts.no_results:
+        print()
+        print(text)
+    else:
+        publish(opts, SECTION, text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
