@@ -145,6 +145,7 @@ def make_samples(config, video_processor, opts) -> list[dict]:
 def build(config, device, dtype, longest: int, opts):
     import torch
 
+    from videosft import autotune
     from videosft import config as config_lib
     from videosft.checkpoint import model_class
     from videosft.fused import select_fused_kernels
@@ -155,6 +156,7 @@ def build(config, device, dtype, longest: int, opts):
     torch.manual_seed(0)
     with torch.device(device):
         model = model_class(config)._from_config(config, dtype=dtype)
+    autotune.apply(device)  # as the train stage does: fla's choices for this GPU model, before any kernel runs
     kernels = {"gated_deltanet": select_gated_delta_rule(model, device, longest)["implementation"],
                "fused": select_fused_kernels(model, device, longest)["implementation"],
                "vision_batched": batch_vision_attention(model)}
