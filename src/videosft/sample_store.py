@@ -235,12 +235,13 @@ class SampleReader:
     """Full rows of an index, fetched by position when asked for.
 
     Parquet reads whole row groups (:data:`ROW_GROUP` rows); the last ``cached_groups`` read stay in
-    memory, so a sequential pass reads each group once, and memory holds at most that many groups
-    whatever the split's size. Thread-safe: training reads on its batch thread and, for a batch
+    memory, so a pass in file order reads each group once, and memory holds at most that many groups
+    whatever the split's size. One by default: training's shuffled order seldom meets a cached group
+    again, and each one held costs a row group of frames. Thread-safe: training reads on its batch thread and, for a batch
     that was not announced, on the main thread.
     """
 
-    def __init__(self, index: SampleIndex, cached_groups: int = 2):
+    def __init__(self, index: SampleIndex, cached_groups: int = 1):
         self.index = index
         self.cached_groups = cached_groups
         self.handles: dict[int, pq.ParquetFile] = {}
