@@ -43,10 +43,13 @@ SECTION = "bench/data_scale.py"
 GOAL_BYTES = 0.25  # of the former store's bytes per sample
 GOAL_MEMORY = 1.10  # largest store's peak RSS over the smallest's
 
+# The resident size just before the load (the imports' own transient peak would hide a small load
+# in ru_maxrss), then the peak after it.
 WHOLE = """
 import resource, sys
 from videosft.sample_store import read_samples
-before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+status = open("/proc/self/status").read()
+before = int(next(line for line in status.splitlines() if line.startswith("VmRSS:")).split()[1])
 rows = read_samples(sys.argv[1], "train")
 print(len(rows), before / 2**20, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20)
 """
@@ -190,8 +193,8 @@ def main() -> int:
             if size <= opts.whole_up_to:
                 result = subprocess.run([python, "-c", WHOLE, str(scaled)], env=env, capture_output=True, text=True,
                                         check=True)
-                count, before, after = result.stdout.split()
-                whole = float(after)
+                _, before, after = result.stdout.split()
+                whole = float(after) - float(before)
             stored = sum(p.stat().st_size for p in (work / f"store{size}").glob("train-*.parquet"))
             memory.append({"size": size, "peaks": peaks, "train_s": wall, "write_s": written, "bytes": stored,
                            "whole_gib": whole})
@@ -202,7 +205,7 @@ def main() -> int:
         base = memory[0]["peaks"]
         rows = [[f"{m['size']:,}", f"{m['bytes'] / 2**30:.2f} GiB",
                  *(f"{p:.3f} GiB ({p / b:.3f}x)" for p, b in zip(m["peaks"], base)),
-                 "-" if m["whole_gib"] is None else f"{m['whole_gib']:.3f} GiB", f"{m['train_s']:.0f} s"]
+                 "-" if m["whole_gib"] is None else f"+{m['whole_gib']:.3f} GiB", f"{m['train_s']:.0f} s"]
                 for m in memory]
         largest = max(max(p / b for p, b in zip(m["peaks"], base)) for m in memory)
         ratio = store / former
@@ -227,8 +230,9 @@ def main() -> int:
             "",
             f"Each train rank's peak host memory ({opts.steps} steps, 2 gloo ranks, ZeRO-3; the ratio is to the "
             f"{memory[0]['size']:,}-window store in the same run). The stores repeat the {len(index)} preprocessed "
-            "train samples under new window ids (real frames and tokens, copied windows). `loaded whole`: the peak "
-            "RSS of a process that only loads the train split with `read_samples`, as each rank did before the index.",
+            "train samples under new window ids (real frames and tokens, copied windows). `loaded whole`: how much "
+            "a process's peak RSS grows when it loads the train split with `read_samples`, as each rank did before "
+            "the index (every rank paid it on top of its own peak).",
             "",
             table(["train windows", "store", "rank 0 peak RSS", "rank 1 peak RSS", "loaded whole", "train wall"], rows),
         ])

@@ -11,11 +11,10 @@ The vision tower and merger stay frozen (their inputs and weights need no gradie
 build no autograd graph); LoRA goes on the language model's modules the probe reported. Before
 training, fla's kernels (the Gated-DeltaNet, fused norms / SwiGLU / convolution) are checked
 against transformers' forwards and bound, and ZeRO-3 is told to gather whole decoder layers and
-vision blocks. Each
-rank holds the index of the train split (its small columns) and reads only its own samples, each
-batch's rows when the batch is prepared, one batch ahead; every sample a rank consumes is written
-to its ledger. The
-loss is computed from logits at the supervised positions only. The adapter is saved with
+vision blocks. Each rank holds the index of the train split (its small columns) and reads only its
+own samples, each batch's rows when the batch is prepared, one batch ahead, so that its host memory
+does not grow with the number of windows; every sample a rank consumes is written to its ledger.
+The loss is computed from logits at the supervised positions only. The adapter is saved with
 gathered, full-shape tensors and no base weights (:mod:`videosft.adapter`).
 """
 
