@@ -1,5 +1,6 @@
 """Batches for the model: collated on the host, with their multimodal positions, and for training
-prepared one batch ahead on a host thread while the device runs the current step.
+read from the sample store and prepared one batch ahead on a host thread while the device runs the
+current step.
 
 Left inside the forward, the Qwen models compute their multimodal RoPE positions from the token
 ids on the device with a few `.item()` calls per frame pair: about 280 host-device
@@ -123,34 +124,36 @@ def prepare(rows: list[dict], pad_id: int, video_processor, positions, pin: bool
     return batch
 
 
-def window_ids(rows: list[dict]) -> list[str]:
-    return [row["window_id"] for row in rows]
-
-
 class BatchesAhead:
-    """Prepares the batch after this one on a host thread while the device works on this one.
+    """Reads and prepares the batch after this one on a host thread while the device works on this one.
 
-    `take(rows)` returns the device batch for `rows` (prepared now if it was not announced), and
-    `announce(rows)` starts preparing the next one. Announcing a different batch than the one
-    later taken is harmless: the stale one is discarded.
+    Batches are named by their samples' positions; ``read`` turns positions into rows (the sample
+    store's reader, so that only the rows of the batches near at hand are ever in memory).
+    `take(positions)` returns the device batch (read and prepared now if it was not announced), and
+    `announce(positions)` starts reading and preparing the next one. Announcing a different batch
+    than the one later taken is harmless: the stale one is discarded.
     """
 
-    def __init__(self, pad_id: int, video_processor, device, positions=None, pack: bool = False):
-        self.pad_id, self.video_processor, self.device, self.positions = pad_id, video_processor, device, positions
+    def __init__(self, read: Callable[[list[int]], list[dict]], pad_id: int, video_processor, device, positions=None,
+                 pack: bool = False):
+        self.read, self.pad_id, self.video_processor, self.device, self.positions = \
+            read, pad_id, video_processor, device, positions
         self.pack = pack  # each batch is one pack of its rows (collate_pack)
         self.pin = device.type == "cuda"
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="batches-ahead")
-        self.pending: tuple[list[str], Future] | None = None
+        self.pending: tuple[list[int], Future] | None = None
 
-    def announce(self, rows: list[dict]) -> None:
-        self.pending = (window_ids(rows), self.pool.submit(prepare, rows, self.pad_id, self.video_processor,
-                                                                 self.positions, self.pin, self.pack))
+    def _read_and_prepare(self, positions: list[int]) -> dict:
+        return prepare(self.read(positions), self.pad_id, self.video_processor, self.positions, self.pin, self.pack)
 
-    def take(self, rows: list[dict]) -> dict:
-        if self.pending is not None and self.pending[0] == window_ids(rows):
+    def announce(self, positions: list[int]) -> None:
+        self.pending = (list(positions), self.pool.submit(self._read_and_prepare, list(positions)))
+
+    def take(self, positions: list[int]) -> dict:
+        if self.pending is not None and self.pending[0] == list(positions):
             host = self.pending[1].result()
         else:
-            host = prepare(rows, self.pad_id, self.video_processor, self.positions, self.pin, self.pack)
+            host = self._read_and_prepare(list(positions))
         self.pending = None
         return {key: value.to(self.device, non_blocking=self.pin) for key, value in host.items()}
 

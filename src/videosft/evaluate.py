@@ -12,20 +12,25 @@ video scores on the same windows.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
+
 from .chat import parse_answer, parse_answer_lenient
 from .generation import REPEATS, greedy_answers, prompt_of
 from .metrics import WINDOW_METRIC_DEFINITIONS, r1_iou, window_metrics
 
 
-def window_answers(model, rows: list[dict], tokenizer, video_processor, max_new_tokens: int,
+def window_answers(model, rows: Iterable[dict], tokenizer, video_processor, max_new_tokens: int,
                    think_block: str = "prompt") -> list[dict]:
-    """Greedy answers (:func:`videosft.generation.greedy_answers`, one window at a time) with the
-    raw text, whether and what they parse to, strictly and leniently, and whether they degenerate."""
-    generated = greedy_answers(model, [prompt_of(row) for row in rows], tokenizer, video_processor, max_new_tokens,
-                               think_block)
-    return [{"window_id": row["window_id"], "text": answer["text"], "predicted": parse_answer(answer["answer"]),
-             "lenient": parse_answer_lenient(answer["answer"]), "target": [tuple(r) for r in row["keep_local"]],
-             "degenerate": answer["degenerate"]} for row, answer in zip(rows, generated)]
+    """Greedy answers (:func:`videosft.generation.greedy_answers`, one window at a time, so that only
+    the window answered is in memory) with the raw text, whether and what they parse to, strictly and
+    leniently, and whether they degenerate."""
+    answers = []
+    for row in rows:
+        answer = greedy_answers(model, [prompt_of(row)], tokenizer, video_processor, max_new_tokens, think_block)[0]
+        answers.append({"window_id": row["window_id"], "text": answer["text"],
+                        "predicted": parse_answer(answer["answer"]), "lenient": parse_answer_lenient(answer["answer"]),
+                        "target": [tuple(r) for r in row["keep_local"]], "degenerate": answer["degenerate"]})
+    return answers
 
 
 def score(answers: list[dict]) -> dict:
@@ -62,11 +67,11 @@ def definition(metric: str) -> str:
 STEP = 0.1  # the answer format's resolution: constant ranges are searched on it
 
 
-def constant_baselines(rows: list[dict]) -> dict:
+def constant_baselines(rows: Iterable[dict]) -> dict:
     """What answering every window alike scores: "none", the whole window, and the single range
     (on the answer format's 0.1 s grid, within the shortest window) with the best mIoU."""
-    targets = [[tuple(r) for r in row["keep_local"]] for row in rows]
-    lengths = [row["window_end"] - row["window_start"] for row in rows]
+    facts = [([tuple(r) for r in row["keep_local"]], row["window_end"] - row["window_start"]) for row in rows]
+    targets, lengths = [target for target, _ in facts], [length for _, length in facts]
 
     def scored(answers):
         return window_metrics({"predicted": answer, "target": target} for answer, target in zip(answers, targets))
@@ -76,11 +81,11 @@ def constant_baselines(rows: list[dict]) -> dict:
     grid = [round(k * STEP, 1) for k in range(int(min(lengths) / STEP + 1e-9) + 1)]
     candidates = [(start, end) for start in grid for end in grid if end > start]
     best_range = max(candidates, key=lambda candidate: sum(r1_iou(candidate, target) for target in moments))
-    return {"none": scored([[]] * len(rows)), "whole_window": scored([[(0.0, length)] for length in lengths]),
-            "best_constant_range": {"range": list(best_range), **scored([[best_range]] * len(rows))}}
+    return {"none": scored([[]] * len(facts)), "whole_window": scored([[(0.0, length)] for length in lengths]),
+            "best_constant_range": {"range": list(best_range), **scored([[best_range]] * len(facts))}}
 
 
-def evaluate(model, rows: list[dict], tokenizer, video_processor, max_new_tokens: int,
+def evaluate(model, rows: Sequence[dict], tokenizer, video_processor, max_new_tokens: int,
              think_block: str = "prompt") -> dict:
     """Base (adapter disabled) and fine-tuned answers on the same windows, scored alike, beside the
     constant answers' scores."""

@@ -13,13 +13,19 @@ verify, report; tests and benchmarks), so that none of them imports the preproce
   so a reader never misreads samples written by other code;
 * ``manifest.json`` (:func:`write_manifest`) lists each split's files relative to itself, with the
   sample counts, the budget, geometry, video layout and think block; :func:`sample_files` and
-  :func:`read_samples` read through it.
+  :func:`read_samples` read through it;
+* a split larger than memory is read through :func:`index_samples` (the small columns of every row
+  and where the row lives) and a :class:`SampleReader`, which fetches the rows asked for, one row
+  group at a time; :func:`read_samples` holds a whole split and suits small splits and few columns.
 """
 
 from __future__ import annotations
 
 import json
-from collections import defaultdict
+import threading
+from collections import OrderedDict, defaultdict
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow as pa
@@ -168,3 +174,131 @@ def sample_files(manifest_path: Path, split: str) -> list[Path]:
 def read_samples(manifest_path: Path, split: str, columns: list[str] | None = None) -> list[dict]:
     return [row for path in sample_files(manifest_path, split)
             for row in pq.read_table(path, columns=columns).to_pylist()]
+
+
+# What an index holds of each row: what training needs to plan, check and log without the frames.
+INDEX_COLUMNS = ["window_id", "input_tokens", "visual_tokens", "supervised_tokens", "frame_indices", "video_grid_thw"]
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One sample of an index: its small facts, and its place (file, row group, row in the group)."""
+    window_id: str
+    input_tokens: int
+    visual_tokens: int
+    supervised_tokens: int
+    frames: int
+    grid: tuple[int, int, int]
+    file: int
+    group: int
+    row: int
+
+
+@dataclass
+class SampleIndex:
+    """A split's samples sorted by window id: ``entries[i]`` is sample ``i`` of every epoch plan."""
+    files: list[Path]
+    entries: list[Entry]
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def __getitem__(self, position: int) -> Entry:
+        return self.entries[position]
+
+    def __iter__(self) -> Iterator[Entry]:
+        return iter(self.entries)
+
+    def window_ids(self) -> list[str]:
+        return [entry.window_id for entry in self.entries]
+
+
+def index_samples(manifest_path: Path, split: str) -> SampleIndex:
+    """The index of one split, read from the small columns only: a few hundred bytes per sample
+    whatever its frames weigh."""
+    files = sample_files(manifest_path, split)
+    entries = []
+    for number, path in enumerate(files):
+        parquet = pq.ParquetFile(path)
+        places = [(group, row) for group in range(parquet.num_row_groups)
+                  for row in range(parquet.metadata.row_group(group).num_rows)]
+        table = parquet.read(columns=INDEX_COLUMNS)
+        for (group, row), values in zip(places, table.to_pylist(), strict=True):
+            entries.append(Entry(values["window_id"], values["input_tokens"], values["visual_tokens"],
+                                 values["supervised_tokens"], len(values["frame_indices"] or []),
+                                 tuple(values["video_grid_thw"] or ()), number, group, row))
+    entries.sort(key=lambda entry: entry.window_id)
+    return SampleIndex(files, entries)
+
+
+class SampleReader:
+    """Full rows of an index, fetched by position when asked for.
+
+    Parquet reads whole row groups (:data:`ROW_GROUP` rows); the last ``cached_groups`` read stay in
+    memory, so a pass in file order reads each group once, and memory holds at most that many groups
+    whatever the split's size. One by default: training's shuffled order seldom meets a cached group
+    again, and each one held costs a row group of frames. Thread-safe: training reads on its batch thread and, for a batch
+    that was not announced, on the main thread.
+    """
+
+    def __init__(self, index: SampleIndex, cached_groups: int = 1):
+        self.index = index
+        self.cached_groups = cached_groups
+        self.handles: dict[int, pq.ParquetFile] = {}
+        self.groups: OrderedDict[tuple[int, int], pa.Table] = OrderedDict()
+        self.lock = threading.Lock()
+
+    def read(self, positions: Sequence[int]) -> list[dict]:
+        return [self.row(position) for position in positions]
+
+    def row(self, position: int) -> dict:
+        entry = self.index[position]
+        with self.lock:
+            table = self._group(entry.file, entry.group)
+            row = table.slice(entry.row, 1).to_pylist()[0]
+        if row["window_id"] != entry.window_id:
+            raise InputError(f"{self.index.files[entry.file]}, row group {entry.group}, row {entry.row}: holds "
+                             f"{row['window_id']}, the index says {entry.window_id}; the file changed while it was "
+                             "read: rerun the stage once the preprocess stage has finished")
+        return row
+
+    def _group(self, file: int, group: int) -> pa.Table:
+        key = (file, group)
+        if key in self.groups:
+            self.groups.move_to_end(key)
+            return self.groups[key]
+        if file not in self.handles:
+            self.handles[file] = pq.ParquetFile(self.index.files[file])
+        table = self.handles[file].read_row_group(group)
+        self.groups[key] = table
+        while len(self.groups) > self.cached_groups:
+            self.groups.popitem(last=False)
+        return table
+
+    def close(self) -> None:
+        with self.lock:
+            for handle in self.handles.values():
+                handle.close()
+            self.handles.clear()
+            self.groups.clear()
+
+
+class LazySamples(Sequence):
+    """The rows of an index as a sequence that reads each row when it is used: iterating holds one
+    row (and the reader's few row groups) at a time."""
+
+    def __init__(self, reader: SampleReader, positions: Sequence[int] | None = None):
+        self.reader = reader
+        self.positions = range(len(reader.index)) if positions is None else positions
+
+    def __len__(self) -> int:
+        return len(self.positions)
+
+    def __getitem__(self, item):
+        if isinstance(item, slice):
+            return LazySamples(self.reader, self.positions[item])
+        return self.reader.row(self.positions[item])
+
+    def __iter__(self) -> Iterator[dict]:
+        for position in self.positions:
+            yield self.reader.row(position)

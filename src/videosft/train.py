@@ -11,9 +11,10 @@ The vision tower and merger stay frozen (their inputs and weights need no gradie
 build no autograd graph); LoRA goes on the language model's modules the probe reported. Before
 training, fla's kernels (the Gated-DeltaNet, fused norms / SwiGLU / convolution) are checked
 against transformers' forwards and bound, and ZeRO-3 is told to gather whole decoder layers and
-vision blocks. Each
-rank reads its own samples, and every sample a rank consumes is written to its ledger. The
-loss is computed from logits at the supervised positions only. The adapter is saved with
+vision blocks. Each rank holds the index of the train split (its small columns) and reads only its
+own samples, each batch's rows when the batch is prepared, one batch ahead, so that its host memory
+does not grow with the number of windows; every sample a rank consumes is written to its ledger.
+The loss is computed from logits at the supervised positions only. The adapter is saved with
 gathered, full-shape tensors and no base weights (:mod:`videosft.adapter`).
 """
 
@@ -31,6 +32,7 @@ import resource
 import shutil
 import sys
 import time
+import types
 from pathlib import Path
 
 import numpy as np
@@ -49,7 +51,7 @@ from .memory import ModelFacts, SampleFacts, plan_peak
 from .pixels import load_video_processor
 from .progress import ProgressLine
 from .provenance import exit_after, path_fingerprint, run_record, stage_parser, write_json
-from .sample_store import read_samples, sample_files
+from .sample_store import SampleIndex, SampleReader, index_samples, sample_files
 from .sampling import Cursor, DataError, check_every_rank_has_a_batch, check_ledgers, check_pack_budget, epoch_plan, \
     packed_epoch_plan
 from .vision_attention import batch_vision_attention
@@ -63,13 +65,13 @@ SHM_COMM_OP = "deepspeed_shm_comm"  # DeepSpeed's name for its CPU shared-memory
 # ---------------------------------------------------------------- data
 
 
-def load_samples(manifest: Path) -> list[dict]:
-    """The train split, in a fixed order (files of an unknown schema version are refused)."""
-    rows = read_samples(manifest, "train")
-    rows.sort(key=lambda row: row["window_id"])
-    if not rows:
+def load_samples(manifest: Path) -> SampleIndex:
+    """The train split's index, in a fixed order (files of an unknown schema version are refused):
+    each rank reads the frames of its own samples only, batch by batch (SampleReader)."""
+    index = index_samples(manifest, "train")
+    if not len(index):
         raise DataError(f"{manifest} lists no train samples")
-    return rows
+    return index
 
 
 # ---------------------------------------------------------------- model
@@ -282,7 +284,8 @@ def lr_lambda(train_cfg: dict):
 
 @dataclasses.dataclass
 class Run:
-    """What the phases of one training run share: its config, place in the world and samples."""
+    """What the phases of one training run share: its config, place in the world and the index of
+    its samples."""
     cfg: dict
     out: Path
     rank: int
@@ -290,7 +293,7 @@ class Run:
     device: object
     precision: str
     probe: dict
-    rows: list[dict]
+    index: SampleIndex
     ds_config: dict
 
     @property
@@ -306,9 +309,9 @@ class Run:
         """The seeded order every rank reads its samples in, for one epoch."""
         train_cfg = self.train_cfg
         if self.pack_tokens:
-            return packed_epoch_plan([row["input_tokens"] for row in self.rows], self.world, self.pack_tokens,
+            return packed_epoch_plan([entry.input_tokens for entry in self.index], self.world, self.pack_tokens,
                                      train_cfg["tail"], train_cfg["seed"], epoch, train_cfg["smoke"])
-        return epoch_plan(len(self.rows), self.world, train_cfg["micro_batch_size"], train_cfg["tail"],
+        return epoch_plan(len(self.index), self.world, train_cfg["micro_batch_size"], train_cfg["tail"],
                           train_cfg["seed"], epoch, train_cfg["smoke"])
 
 
@@ -369,15 +372,15 @@ def prepare(cfg: dict, samples_path: Path, probe_path: Path, out: Path) -> Run:
         raise ConfigError("train.offload_activations moves the inputs that gradient checkpointing keeps; "
                           "it needs train.gradient_checkpointing: true")
     check_packing(train_cfg)
-    rows = load_samples(samples_path)
-    check_every_rank_has_a_batch(len(rows), world, train_cfg["micro_batch_size"], train_cfg["tail"],
+    index = load_samples(samples_path)
+    check_every_rank_has_a_batch(len(index), world, train_cfg["micro_batch_size"], train_cfg["tail"],
                                  train_cfg["smoke"])
     if train_cfg["pack_tokens"]:
-        check_pack_budget([row["input_tokens"] for row in rows], [row["window_id"] for row in rows],
+        check_pack_budget([entry.input_tokens for entry in index], index.window_ids(),
                           train_cfg["pack_tokens"])
     precision = choose_precision(train_cfg["precision"])
     ds_config = deepspeed_config(Path(train_cfg["deepspeed_config"]), train_cfg, world, precision)
-    run = Run(cfg, out, rank, world, device, precision, probe, rows, ds_config)
+    run = Run(cfg, out, rank, world, device, precision, probe, index, ds_config)
     run.plan_for(0)  # a packed schedule that would leave a rank idle fails here, on every rank alike
     return run
 
@@ -403,7 +406,7 @@ def build_engine(run: Run) -> Built:
     import torch
 
     train_cfg, model_dir = run.train_cfg, Path(run.cfg["model"]["path"])
-    longest = run.pack_tokens or max(r["input_tokens"] for r in run.rows)  # fla's kernels see a whole pack
+    longest = run.pack_tokens or max(entry.input_tokens for entry in run.index)  # fla's kernels see a whole pack
     # The Gated-DeltaNet check binds a function of the modeling module and needs only the layers'
     # shapes: it runs on the meta-device model, before the weights take GPU memory (its fp32
     # reference took 3.1 GiB more at 64 frames, enough to break a 12 GiB card's plan).
@@ -456,9 +459,9 @@ def start_or_resume(run: Run, engine, resume: bool, identity: dict) -> tuple[Cur
 
 
 def run_steps(run: Run, built: Built, cursor: Cursor, first_step: int, identity: dict) -> Progress:
-    """The training steps: batches prepared a step ahead, every sample read written to the ledger,
+    """The training steps: batches read and prepared a step ahead, every sample read written to the ledger,
     every step to the step log, LoRA's movement checked after the second, checkpoints saved."""
-    train_cfg, engine, rank, rows, device = run.train_cfg, built.engine, run.rank, run.rows, run.device
+    train_cfg, engine, rank, index, device = run.train_cfg, built.engine, run.rank, run.index, run.device
     micro = train_cfg["micro_batch_size"]
     initial_lora = gathered_lora_state(engine.module)
     if first_step == 0:
@@ -472,8 +475,9 @@ def run_steps(run: Run, built: Built, cursor: Cursor, first_step: int, identity:
     ledger = open(run.out / f"ledger.rank{rank}.jsonl", "a")
     engine.train()
     model_dir = Path(run.cfg["model"]["path"])
-    batches = BatchesAhead(_pad_id(model_dir), load_video_processor(model_dir), device, host_positions(engine.module),
-                           pack=bool(run.pack_tokens))
+    reader = SampleReader(index)
+    batches = BatchesAhead(reader.read, _pad_id(model_dir), load_video_processor(model_dir), device,
+                           host_positions(engine.module), pack=bool(run.pack_tokens))
     for step in range(first_step, train_cfg["steps"]):
         reset_peak_memory(device)
         profiled = train_cfg["profile_step"]
@@ -485,22 +489,22 @@ def run_steps(run: Run, built: Built, cursor: Cursor, first_step: int, identity:
         consumed, step_loss, tokens = [], 0.0, 0
         for micro_step in range(train_cfg["grad_accum"]):
             epoch, indices = cursor.next_batch(run.plan_for, rank, micro)
-            batch_rows = [rows[i] for i in indices]
-            require_video(batch_rows, rank)
-            batch = batches.take(batch_rows)
+            batch_entries = [index[i] for i in indices]
+            require_video(batch_entries, rank)
+            batch = batches.take(indices)
             last_batch = step + 1 == train_cfg["steps"] and micro_step + 1 == train_cfg["grad_accum"]
             if not last_batch:  # the schedule is fixed: peek at the next batch on a copy of the cursor
                 _, upcoming = dataclasses.replace(cursor).next_batch(run.plan_for, rank, micro)
-                batches.announce([rows[i] for i in upcoming])
+                batches.announce(upcoming)
             loss = supervised_loss(engine, batch)
             engine.backward(loss)
             engine.step()
             step_loss += loss.item() / train_cfg["grad_accum"]
             tokens += tokens_in(batch)
-            consumed.extend(batch_rows)
-            for index, row in zip(indices, batch_rows):
-                ledger.write(json.dumps({"epoch": epoch, "step": step, "index": index,
-                                         "window_id": row["window_id"]}) + "\n")
+            consumed.extend(batch_entries)
+            for position, entry in zip(indices, batch_entries):
+                ledger.write(json.dumps({"epoch": epoch, "step": step, "index": position,
+                                         "window_id": entry.window_id}) + "\n")
         ledger.flush()
         elapsed = time.perf_counter() - step_started
         if profiler:
@@ -512,11 +516,11 @@ def run_steps(run: Run, built: Built, cursor: Cursor, first_step: int, identity:
         entry = {
             "step": step, "rank": rank, "loss": step_loss, "lr": built.scheduler.get_last_lr()[0],
             "grad_norm": _float(engine.get_global_grad_norm()),
-            "samples": [r["window_id"] for r in consumed],
-            "frames": [len(r["frame_indices"]) for r in consumed],
-            "grid": [r["video_grid_thw"] for r in consumed],
-            "input_tokens": [r["input_tokens"] for r in consumed],
-            "supervised_tokens": [r["supervised_tokens"] for r in consumed],
+            "samples": [e.window_id for e in consumed],
+            "frames": [e.frames for e in consumed],
+            "grid": [list(e.grid) for e in consumed],
+            "input_tokens": [e.input_tokens for e in consumed],
+            "supervised_tokens": [e.supervised_tokens for e in consumed],
             "step_seconds": elapsed, "tokens_per_second": tokens / elapsed, **memory,
             "since_start_s": time.time() - PROCESS_STARTED,  # a first run's cost shows at step 0
         }
@@ -541,6 +545,7 @@ def run_steps(run: Run, built: Built, cursor: Cursor, first_step: int, identity:
         if train_cfg["save_every"] and (step + 1) % train_cfg["save_every"] == 0 and step + 1 < train_cfg["steps"]:
             save_training_state(engine, run.out / "checkpoints", step, cursor, rank, identity)
     batches.close()
+    reader.close()
     steps_log.close()
     ledger.close()
     board.close()
@@ -568,8 +573,8 @@ def finish(run: Run, built: Built, progress: Progress, resumed_from_step: int | 
         "lora_unchanged_after_two_steps": progress.unchanged, "steps": train_cfg["steps"],
         "resumed_from_step": resumed_from_step,
         "losses_rank0": [json.loads(line)["loss"] for line in (run.out / "steps.rank0.jsonl").read_text().splitlines()],
-        "samples": len(run.rows),
-        "ledger": check_ledgers(run.out, run.world, len(run.rows), run.plan_for, [r["window_id"] for r in run.rows],
+        "samples": len(run.index),
+        "ledger": check_ledgers(run.out, run.world, len(run.index), run.plan_for, run.index.window_ids(),
                                 train_cfg["smoke"]),
         "zero_stage": run.ds_config["zero_optimization"]["stage"], "zero3_leaf_blocks": built.leaf_blocks,
         "memory": memory_comparison(run.probe, planned_batches(run), run.world, run.ds_config, run.precision, train_cfg,
@@ -600,11 +605,11 @@ def kernel_set(kernels: dict) -> str:
     return "fla-unfused" if kernels["gated_deltanet"]["implementation"] == "fla" else "torch"
 
 
-def require_video(batch_rows: list[dict], rank: int) -> None:
+def require_video(entries: list, rank: int) -> None:
     """Every rank runs the vision tower on every step: under ZeRO-3 a rank that skips it hangs the rest."""
-    for row in batch_rows:
-        if not row["visual_tokens"] or not row["frames"]:
-            raise DataError(f"rank {rank}: sample {row['window_id']} has no video; every batch must carry one")
+    for entry in entries:
+        if not entry.visual_tokens or not entry.frames:
+            raise DataError(f"rank {rank}: sample {entry.window_id} has no video; every batch must carry one")
 
 
 def lora_unchanged(model, initial: dict) -> list[str]:
@@ -612,18 +617,17 @@ def lora_unchanged(model, initial: dict) -> list[str]:
     return [name for name, value in current.items() if value.equal(initial[name])]
 
 
-def planned_batches(run: Run) -> list[dict]:
+def planned_batches(run: Run) -> list:
     """What the memory plan is sized by: the samples, or with packing each pack of the first epoch,
     as one sample of all its tokens and frames."""
     if not run.pack_tokens:
-        return run.rows
-    facts = ("input_tokens", "visual_tokens", "supervised_tokens")
-    return [{**{key: sum(run.rows[i][key] for i in pack) for key in facts},
-             "frame_indices": [f for i in pack for f in run.rows[i]["frame_indices"]]}
+        return list(run.index)
+    return [types.SimpleNamespace(**{key: sum(getattr(run.index[i], key) for i in pack) for key in
+                                     ("input_tokens", "visual_tokens", "supervised_tokens", "frames")})
             for packs in run.plan_for(0).packs for pack in packs]
 
 
-def memory_comparison(probe: dict, rows: list[dict], world: int, ds_config: dict, precision: str,
+def memory_comparison(probe: dict, index: list, world: int, ds_config: dict, precision: str,
                       train_cfg: dict, peaks: list[list[dict]], kernels: str | None = None) -> dict:
     """The planner's prediction for this run beside each rank's measured peak."""
     facts = probe.get("memory", {}) and probe["memory"].get("model_facts")
@@ -631,9 +635,8 @@ def memory_comparison(probe: dict, rows: list[dict], world: int, ds_config: dict
                 for rank, steps in enumerate(peaks)}
     if not facts:
         return {"measured": measured}
-    longest = max(rows, key=lambda r: r["input_tokens"])
-    sample = SampleFacts(longest["input_tokens"], longest["visual_tokens"], longest["supervised_tokens"],
-                         len(longest["frame_indices"]))
+    longest = max(index, key=lambda entry: entry.input_tokens)
+    sample = SampleFacts(longest.input_tokens, longest.visual_tokens, longest.supervised_tokens, longest.frames)
     trainable = probe["lora"]["trainable_parameters"]
     predicted = plan_peak(ModelFacts(**facts), sample, trainable, world, ds_config["zero_optimization"], precision,
                           checkpointing=train_cfg["gradient_checkpointing"], kernels=kernels,

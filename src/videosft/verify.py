@@ -28,7 +28,7 @@ from .errors import UserError
 from .evaluate import evaluate
 from .evaluate import table as evaluation_table
 from .provenance import exit_after, run_record, stage_parser, write_json
-from .sample_store import read_samples
+from .sample_store import LazySamples, SampleReader, index_samples
 from .batches import collate
 from .pixels import load_video_processor
 
@@ -185,7 +185,9 @@ def verify(cfg: dict, adapter_dir: Path, samples_path: Path) -> dict:
     tensors = compare_adapter(model, adapter_dir)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     video_processor = load_video_processor(model_dir)
-    val = read_samples(samples_path, "val")
+    # Every val sample is answered, one at a time: read as it is answered, never all held at once
+    reader = SampleReader(index_samples(samples_path, "val"))
+    val = LazySamples(reader)
     started = time.perf_counter()
     think_block = json.loads(Path(samples_path).read_text())["think_block"]
     evaluation = evaluate(model, val[: cfg["verify"]["eval_windows"] or len(val)], tokenizer, video_processor,
@@ -194,6 +196,7 @@ def verify(cfg: dict, adapter_dir: Path, samples_path: Path) -> dict:
     # merge_and_unload folds the adapter into the base: compared last, once nothing else needs it
     forward = forward_agreement(model, val[: cfg["verify"]["forward_samples"]], tokenizer.pad_token_id or 0,
                                 video_processor)
+    reader.close()
     problems = list(tensors["problems"])
     if files["unexpected_files"]:
         problems.append(f"{adapter_dir} holds files that are not adapter files: {files['unexpected_files']}")

@@ -1,4 +1,4 @@
-"""BatchesAhead: the batch announced is prepared on its thread, any other is prepared when taken."""
+"""BatchesAhead: the batch announced is read and prepared on its thread, any other when taken."""
 
 from __future__ import annotations
 
@@ -23,6 +23,17 @@ def sample(window_id: str, tokens: int, seed: int) -> dict:
             "video_grid_thw": [1, 2, 2], "second_per_grid": None}
 
 
+class Store:
+    """Rows by position, noting which thread read which (the sample store's reader in training)."""
+
+    def __init__(self, rows: list[dict]):
+        self.rows, self.reads = rows, []
+
+    def __call__(self, positions: list[int]) -> list[dict]:
+        self.reads.append((threading.current_thread().name, list(positions)))
+        return [self.rows[p] for p in positions]
+
+
 class Recorder:
     """A position function that notes which thread ran it and for which batch."""
 
@@ -38,14 +49,16 @@ class Recorder:
         return torch.arange(length).expand(3, 1, length)
 
 
-def test_the_announced_batch_is_prepared_on_the_host_thread_and_equals_collate():
+def test_the_announced_batch_is_read_and_prepared_on_the_host_thread_and_equals_collate():
     rows = [sample("a", 5, 0)]
-    positions = Recorder()
-    batches = BatchesAhead(pad_id=0, video_processor=VIDEO_PROCESSOR, device=torch.device("cpu"), positions=positions)
-    batches.announce(rows)
-    taken = batches.take(rows)
+    positions, store = Recorder(), Store(rows)
+    batches = BatchesAhead(store, pad_id=0, video_processor=VIDEO_PROCESSOR, device=torch.device("cpu"),
+                           positions=positions)
+    batches.announce([0])
+    taken = batches.take([0])
     batches.close()
     assert [name.startswith("batches-ahead") for name, _ in positions.calls] == [True]
+    assert [(name.startswith("batches-ahead"), read) for name, read in store.reads] == [(True, [0])]
     expected = collate(rows, 0, VIDEO_PROCESSOR)
     assert set(taken) == set(expected) | {"position_ids"}
     assert all(torch.equal(taken[key], expected[key]) for key in expected)
@@ -54,29 +67,31 @@ def test_the_announced_batch_is_prepared_on_the_host_thread_and_equals_collate()
 
 def test_a_batch_other_than_the_announced_one_is_prepared_when_taken():
     announced, wanted = [sample("a", 5, 0)], [sample("b", 9, 1)]
-    positions = Recorder()
-    batches = BatchesAhead(pad_id=0, video_processor=VIDEO_PROCESSOR, device=torch.device("cpu"), positions=positions)
-    batches.announce(announced)
-    taken = batches.take(wanted)
+    positions, store = Recorder(), Store(announced + wanted)
+    batches = BatchesAhead(store, pad_id=0, video_processor=VIDEO_PROCESSOR, device=torch.device("cpu"),
+                           positions=positions)
+    batches.announce([0])
+    taken = batches.take([1])
     batches.close()
     assert taken["input_ids"].shape == (1, 9)
     assert torch.equal(taken["pixel_values_videos"], collate(wanted, 0, VIDEO_PROCESSOR)["pixel_values_videos"])
     assert (threading.current_thread().name, 9) in positions.calls  # prepared in the caller's thread
+    assert (threading.current_thread().name, [1]) in store.reads
 
 
 def test_an_error_while_preparing_ahead_reaches_the_training_loop():
-    rows = [sample("a", 5, 0)]
-    batches = BatchesAhead(pad_id=0, video_processor=VIDEO_PROCESSOR, device=torch.device("cpu"), positions=Recorder(fail_on="batches-ahead"))
-    batches.announce(rows)
+    batches = BatchesAhead(Store([sample("a", 5, 0)]), pad_id=0, video_processor=VIDEO_PROCESSOR,
+                           device=torch.device("cpu"), positions=Recorder(fail_on="batches-ahead"))
+    batches.announce([0])
     with pytest.raises(ValueError, match="positions failed for a batch of 5 tokens"):
-        batches.take(rows)
+        batches.take([0])
     batches.close()
 
 
 def test_without_a_position_function_the_model_computes_positions_itself():
-    rows = [sample("a", 5, 0), sample("b", 3, 1)]
-    batches = BatchesAhead(pad_id=0, video_processor=VIDEO_PROCESSOR, device=torch.device("cpu"))
-    taken = batches.take(rows)
+    batches = BatchesAhead(Store([sample("a", 5, 0), sample("b", 3, 1)]), pad_id=0, video_processor=VIDEO_PROCESSOR,
+                           device=torch.device("cpu"))
+    taken = batches.take([0, 1])
     batches.close()
     assert "position_ids" not in taken
     assert taken["input_ids"].tolist()[1] == [1, 2, 3, 0, 0]  # padded to the longest
