@@ -145,7 +145,7 @@ def make_samples(config, video_processor, opts) -> list[dict]:
 def build(config, device, dtype, longest: int, opts):
     import torch
 
-    from videosft import autotune
+    from videosft import autotune, packed_attention
     from videosft import config as config_lib
     from videosft.checkpoint import model_class
     from videosft.fused import select_fused_kernels
@@ -159,7 +159,8 @@ def build(config, device, dtype, longest: int, opts):
     autotune.apply(device)  # as the train stage does: fla's choices for this GPU model, before any kernel runs
     kernels = {"gated_deltanet": select_gated_delta_rule(model, device, longest)["implementation"],
                "fused": select_fused_kernels(model, device, longest)["implementation"],
-               "vision_batched": batch_vision_attention(model)}
+               "vision_batched": batch_vision_attention(model),
+               "packed_attention": packed_attention.bind(model)}  # as train binds it with pack_tokens
     enable_checkpointing(model, offload=False, pin_memory=False)
     lora = {**config_lib.resolve({})["lora"], "dropout": 0.0}
     model, _ = add_lora(model, lora, 0)
@@ -223,14 +224,15 @@ def run_mode(name, batches_of, rows, model, optimizer, video_processor, position
 
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    ahead = BatchesAhead(0, video_processor, device, positions, pack=name == "packed")
+    ahead = BatchesAhead(lambda indices: [rows[i] for i in indices], 0, video_processor, device, positions,
+                         pack=name == "packed")
     steps = []
     for number, indices in enumerate(batches_of):
         started = time.perf_counter()
-        batch = ahead.take([rows[i] for i in indices])
+        batch = ahead.take(indices)
         waited = time.perf_counter() - started
         if number + 1 < len(batches_of):
-            ahead.announce([rows[i] for i in batches_of[number + 1]])
+            ahead.announce(batches_of[number + 1])
         loss = supervised_loss(model, batch)
         loss.backward()
         optimizer.step()

@@ -39,6 +39,7 @@ import numpy as np
 
 from . import autotune
 from . import config as config_lib
+from . import packed_attention
 from .adapter import gathered_lora_state, lora_parameters, save_adapter
 from .batches import BatchesAhead, host_positions, tokens_in
 from .chat import IGNORE_INDEX
@@ -420,7 +421,8 @@ def build_engine(run: Run) -> Built:
     load["build_and_load_seconds"] = time.perf_counter() - started
     kernels = {"gated_deltanet": gated_deltanet,
                "fused": select_fused_kernels(model, run.device, longest, train_cfg["fused_kernels"]),
-               "vision_attention_batched": batch_vision_attention(model), "autotune": autotuned}
+               "vision_attention_batched": batch_vision_attention(model), "autotune": autotuned,
+               "packed_attention": packed_attention.bind(model) if run.pack_tokens else None}
     if run.rank == 0:
         fused = {kind: impl for kind, impl in kernels["fused"]["implementation"].items() if impl}
         print(f"Gated-DeltaNet: {kernels['gated_deltanet']['implementation']}; fused kernels: {fused}", flush=True)

@@ -22,6 +22,7 @@ from transformers import (Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration, 
 from transformers.models.qwen2_vl.video_processing_qwen2_vl import Qwen2VLVideoProcessor
 from transformers.models.qwen3_vl.video_processing_qwen3_vl import Qwen3VLVideoProcessor
 
+from videosft import packed_attention
 from videosft.batches import collate, collate_pack, host_positions, prepare, tokens_in
 from videosft.chat import IGNORE_INDEX
 from videosft.gated_deltanet import select_gated_delta_rule
@@ -271,3 +272,26 @@ def test_without_packing_the_cursor_reads_the_slices_it_always_read():
     expected = [(epoch, plan_for(epoch).per_rank[1][i:i + 2]) for epoch in (0, 1) for i in (0, 2)] + \
                [(2, plan_for(2).per_rank[1][0:2])]
     assert taken == expected and cursor == Cursor(epoch=2, position=2)
+
+
+@pytest.mark.parametrize("family", ["qwen3_5", "qwen3_vl", "qwen2_5_vl"])
+def test_the_bound_packed_attention_runs_each_sample_alone(family):
+    """With videosft.packed_attention bound, a pack's full-attention layers split at ``cu_seq_lens_q``
+    themselves: even with positions running on through the pack (so transformers builds no
+    block-diagonal mask, and the unbound model leaks, as the test above shows) every sample's
+    losses are its losses alone; without a pack the bound function is transformers' SDPA."""
+    model, processor = tiny_model(family), video_processor(family)
+    assert packed_attention.bind(model) == "sdpa"
+    assert model.config.get_text_config()._attn_implementation == packed_attention.NAME
+    rows = [sample(family, i, layout) for i, layout in enumerate(LAYOUTS)]
+    positions = host_positions(model)
+    alone = [token_losses(model, prepare([row], 0, processor, positions, pin=False)) for row in rows]
+    pack = prepare(rows, 0, processor, positions, pin=False, pack=True)
+    bounds = pack["cu_seq_lens_q"].tolist()
+    through = {**pack, "position_ids": pack["position_ids"].clone()}
+    through["position_ids"][0, 0] = torch.arange(bounds[-1])
+    for got, expected in zip(per_sample_losses(model, through, bounds), alone):
+        torch.testing.assert_close(got, expected, atol=ATOL, rtol=RTOL)
+    padded = collate(rows, 0, processor)
+    unbound = tiny_model(family)
+    torch.testing.assert_close(token_losses(model, padded), token_losses(unbound, padded), atol=0, rtol=0)
