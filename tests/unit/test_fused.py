@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import inspect
-
 import json
 from pathlib import Path
 
@@ -356,8 +355,12 @@ def test_main_checks_a_model_config_on_cpu_with_the_emulation(tmp_path, capsys):
     timings = result["milliseconds_forward_backward"]
     assert [t["kernel"] for t in timings] == [row["kernel"] for row in result["checks"][::2]]
     assert all(t["tokens"] == 16 and t["fused"] > 0 and t["original"] > 0 for t in timings)
+    # timed as training runs it: what the modeling module binds (transformers' function, or once a
+    # Gated-DeltaNet selection ran in this process, videosft.gated_deltanet's per-sample wrapper of it)
+    bound = modeling.causal_conv1d_fn
+    assert inspect.unwrap(bound).__module__ == modeling.__name__
     assert {t["original_is"] for t in timings if t["kernel"] == "causal_conv1d"} == {
-        f"{modeling.__name__}.causal_conv1d_fn"}  # what transformers bound, timed as training runs it
+        f"{bound.__module__}.{bound.__qualname__}"}
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="fla's Triton kernels need a CUDA GPU; the CPU tests above "
