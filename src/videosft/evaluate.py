@@ -29,7 +29,8 @@ def window_answers(model, rows: Iterable[dict], tokenizer, video_processor, max_
         answer = greedy_answers(model, [prompt_of(row)], tokenizer, video_processor, max_new_tokens, think_block)[0]
         answers.append({"window_id": row["window_id"], "text": answer["text"],
                         "predicted": parse_answer(answer["answer"]), "lenient": parse_answer_lenient(answer["answer"]),
-                        "target": [tuple(r) for r in row["keep_local"]], "degenerate": answer["degenerate"]})
+                        "target": [tuple(r) for r in row["keep_local"]], "degenerate": answer["degenerate"],
+                        "window": (row["window_start"], row["window_end"])})
     return answers
 
 
@@ -93,7 +94,9 @@ def evaluate(model, rows: Sequence[dict], tokenizer, video_processor, max_new_to
         base = window_answers(model, rows, tokenizer, video_processor, max_new_tokens, think_block)
     tuned = window_answers(model, rows, tokenizer, video_processor, max_new_tokens, think_block)
     return {"windows": len(rows), "base": score(base), "fine_tuned": score(tuned),
-            "baselines": constant_baselines(rows),
+            # from what the first pass read: another pass would read every window's frames again
+            "baselines": constant_baselines([{"keep_local": answer["target"], "window_start": answer["window"][0],
+                                              "window_end": answer["window"][1]} for answer in base]),
             "answers": [{"window_id": b["window_id"], "target": b["target"], "base": b["text"], "fine_tuned": t["text"]}
                         for b, t in zip(base, tuned)]}
 
