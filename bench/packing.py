@@ -11,13 +11,23 @@ checkpointing, AdamW. Every mode trains on the same samples, one epoch of the sa
 * ``unpacked``: one sample per micro-batch (``micro_batch_size: 1``, today's default);
 * ``padded``: ``--micro-batch`` samples per micro-batch, padded to the longest
   (default: the packed mode's mean samples per pack);
-* ``packed``: packs of at most ``--pack-tokens`` tokens (``videosft.sampling.packed_epoch_plan``).
+* ``packed``: packs of at most ``--pack-tokens`` tokens (``videosft.sampling.packed_epoch_plan``);
+* ``savvy``: the baseline a savvy user writes from the libraries, as the padded mode batches: the
+  model as transformers builds it (its own kernel choices: fla's when it imports, its Hopper guard
+  turned off as such a user must), peft LoRA on the same modules, transformers' gradient
+  checkpointing, the model's own loss over full-sequence logits, RoPE positions computed by the model.
+  It runs first, before this script binds the train stage's kernels into the modeling module. fla's
+  autotune choices come from the shipped table for both (``videosft.autotune``), so neither
+  autotunes inside a timed micro-batch.
 
 Batches are prepared one ahead on a host thread (``videosft.batches.BatchesAhead``), pixels rebuilt
 from lossless WebP frames as the train stage does. Per mode: real tokens/s (padding not counted),
 samples/s, and *data wait*: the share of step time spent in ``take()`` waiting for the batch to be
 ready (each step ends on ``loss.item()``, so the device is idle while the host waits). The first
 ``--warmup`` micro-batches of each mode are not timed (Triton compiles and autotunes there).
+With ``--profile DIR`` the first micro-batch after them runs under ``torch.profiler`` (not timed
+either): its operator table and timeline go to DIR, and the log gets the timeline's summary
+(``bench/trace_summary.py``: how long the device computed, and what the host ran while it waited).
 
 Same math: before timing, the first pack's per-token losses are compared with each of its samples
 alone (the CPU tests hold this to 1e-5 in float32; on a GPU in bf16 expect bf16-level differences,
@@ -145,7 +155,7 @@ def make_samples(config, video_processor, opts) -> list[dict]:
 def build(config, device, dtype, longest: int, opts):
     import torch
 
-    from videosft import autotune, packed_attention
+    from videosft import attention_backends, autotune, packed_attention
     from videosft import config as config_lib
     from videosft.checkpoint import model_class
     from videosft.fused import select_fused_kernels
@@ -160,13 +170,47 @@ def build(config, device, dtype, longest: int, opts):
     kernels = {"gated_deltanet": select_gated_delta_rule(model, device, longest)["implementation"],
                "fused": select_fused_kernels(model, device, longest)["implementation"],
                "vision_batched": batch_vision_attention(model),
-               "packed_attention": packed_attention.bind(model)}  # as train binds it with pack_tokens
-    enable_checkpointing(model, offload=False, pin_memory=False)
+               "packed_attention": packed_attention.bind(model),  # as train binds it with pack_tokens
+               "attention": attention_backends.for_batches(device, padded=False)}
+    if opts.checkpointing:
+        enable_checkpointing(model, offload=False, pin_memory=False)
     lora = {**config_lib.resolve({})["lora"], "dropout": 0.0}
     model, _ = add_lora(model, lora, 0)
     model.train()
     trainable = [p for p in model.parameters() if p.requires_grad]
     return model, torch.optim.AdamW(trainable, lr=1e-5), kernels
+
+
+def build_savvy(config, device, dtype, opts):
+    """The savvy baseline's model: transformers' and peft's own pieces, nothing of the train stage's."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+
+    from videosft import autotune
+    from videosft import config as config_lib
+    from videosft.checkpoint import model_class
+    from videosft.gated_deltanet import bypass_hopper_guard, fla_status
+    from videosft.train import target_module_names
+
+    if device.type == "cuda" and fla_status().get("importable"):
+        bypass_hopper_guard()  # fla refuses its backward on Hopper with this Triton unless told otherwise
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = model_class(config)._from_config(config, dtype=dtype)
+    autotune.apply(device)
+    if opts.checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.enable_input_require_grads()
+    lora = config_lib.resolve({})["lora"]
+    model = get_peft_model(model, LoraConfig(r=lora["r"], lora_alpha=lora["alpha"], lora_dropout=0.0,
+                                             target_modules=target_module_names(model, lora["target_modules"])))
+    model.train()
+    return model, torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-5)
+
+
+def model_loss(model, batch):
+    """The savvy baseline's loss: the model's own, over full-sequence logits."""
+    return model(**batch, use_cache=False).loss
 
 
 def check_same_losses(model, rows, pack, video_processor, positions, device) -> dict:
@@ -216,32 +260,62 @@ def flops_counter(config, rows):
     return of
 
 
+def profiled_step(opts, number: int, total: int) -> bool:
+    """The middle micro-batch of the mode (past the warmup), if one is left to time besides it."""
+    return opts.profile is not None and number == max(opts.warmup, total // 2) and total > opts.warmup + 1
+
+
+def write_step_profile(profiler, device, directory: Path, name: str, seconds: float) -> dict:
+    """The profiled micro-batch's operator table and timeline in ``directory``; its timeline's summary."""
+    import trace_summary
+
+    from videosft.train import write_profile
+
+    directory.mkdir(parents=True, exist_ok=True)
+    table = directory / f"{name}.txt"
+    write_profile(profiler, device, table, 0, seconds)
+    if device.type != "cuda":
+        return {"profile": str(table)}
+    return {"profile": str(table), **trace_summary.summarize(
+        trace_summary.load_events(table.with_suffix(".trace.json.gz")), top=8)}
+
+
 def run_mode(name, batches_of, rows, model, optimizer, video_processor, positions, device, opts, flops_of) -> dict:
     import torch
 
     from videosft.batches import BatchesAhead, tokens_in
-    from videosft.train import supervised_loss
+    from videosft.train import start_profiler, supervised_loss
 
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    ahead = BatchesAhead(lambda indices: [rows[i] for i in indices], 0, video_processor, device, positions,
-                         pack=name == "packed")
-    steps = []
+    cudnn = torch.backends.cuda.cudnn_sdp_enabled()
+    if name == "padded" or name.endswith("-cudnn"):  # padded: as the train stage runs padded micro-batches
+        torch.backends.cuda.enable_cudnn_sdp(True)
+    ahead = BatchesAhead(lambda indices: [rows[i] for i in indices], 0, video_processor, device,
+                         None if name == "savvy" else positions, pack=name.startswith("packed"))
+    loss_of = model_loss if name == "savvy" else supervised_loss
+    steps, profile = [], None
     for number, indices in enumerate(batches_of):
+        profiler = start_profiler(device) if profiled_step(opts, number, len(batches_of)) else None
         started = time.perf_counter()
         batch = ahead.take(indices)
         waited = time.perf_counter() - started
         if number + 1 < len(batches_of):
             ahead.announce(batches_of[number + 1])
-        loss = supervised_loss(model, batch)
+        loss = loss_of(model, batch)
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         loss.item()  # the step's end on the device
-        if number >= min(opts.warmup, len(batches_of) - 1):  # at least one timed
+        if profiler is not None:
+            profile = write_step_profile(profiler, device, opts.profile, name, time.perf_counter() - started)
+            print(f"{name}: profiled micro-batch {number} ({tokens_in(batch)} tokens): {json.dumps(profile)}",
+                  flush=True)
+        elif number >= min(opts.warmup, len(batches_of) - 1):  # at least one timed
             steps.append({"seconds": time.perf_counter() - started, "waited": waited, "tokens": tokens_in(batch),
                           "slots": batch["input_ids"].numel(), "samples": len(indices), "flops": flops_of(indices)})
     ahead.close()
+    torch.backends.cuda.enable_cudnn_sdp(cudnn)
     peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
     seconds = sum(s["seconds"] for s in steps)
     return {"mode": name, "micro_batches": len(steps), "samples": sum(s["samples"] for s in steps),
@@ -250,7 +324,7 @@ def run_mode(name, batches_of, rows, model, optimizer, video_processor, position
             "padding_share": 1 - sum(s["tokens"] for s in steps) / sum(s["slots"] for s in steps),
             "data_wait_share": sum(s["waited"] for s in steps) / seconds,
             "median_step_seconds": statistics.median(s["seconds"] for s in steps), "peak_allocated_gib": peak,
-            "model_flops_per_second": sum(s["flops"] for s in steps) / seconds}
+            "model_flops_per_second": sum(s["flops"] for s in steps) / seconds, "profile": profile}
 
 
 def main(argv=None) -> int:
@@ -265,8 +339,13 @@ def main(argv=None) -> int:
     parser.add_argument("--max-frames", type=int, default=128)
     parser.add_argument("--frame-size", type=int, nargs=2, default=[448, 448], metavar=("H", "W"))
     parser.add_argument("--annotations", type=Path, help="QVHighlights highlight_val_release.jsonl (real durations)")
-    parser.add_argument("--modes", nargs="+", default=["unpacked", "padded", "packed"])
+    parser.add_argument("--modes", nargs="+", default=["savvy", "unpacked", "padded", "packed"],
+                        choices=["savvy", "unpacked", "padded", "packed", "packed-cudnn"],
+                        help="packed-cudnn: packed with cuDNN's SDPA allowed, as PyTorch's default")
     parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--no-checkpointing", dest="checkpointing", action="store_false",
+                        help="train without gradient checkpointing (train.gradient_checkpointing: false)")
+    parser.add_argument("--profile", type=Path, help="profile one micro-batch per mode; tables and timelines here")
     parser.add_argument("--results", type=Path, default=RESULTS)
     parser.add_argument("--no-results", action="store_true", help="print only; leave RESULTS.md alone")
     opts = parser.parse_args(argv)
@@ -298,29 +377,41 @@ def main(argv=None) -> int:
                  "padded": [b for b in (lambda o: [o[i:i + micro] for i in range(0, len(o), micro)])(
                      epoch_plan(len(rows), 1, micro, "pad", 0, 0).per_rank[0])],
                  "packed": packs}
+    schedules["savvy"], schedules["packed-cudnn"] = schedules["padded"], packs
+    flops_of = flops_counter(config, rows)
+    results = []
+    if "savvy" in opts.modes:  # before build() binds the train stage's kernels into the modeling module
+        model, optimizer = build_savvy(config, device, dtype, opts)
+        results.append(run_mode("savvy", schedules["savvy"], rows, model, optimizer, video_processor, None, device,
+                                opts, flops_of))
+        print(json.dumps(results[-1]), flush=True)
+        del model, optimizer
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
     model, optimizer, kernels = build(config, device, dtype, opts.pack_tokens, opts)
     positions = host_positions(model)
     same = check_same_losses(model, rows, packs[0], video_processor, positions, device)
     print(f"first pack vs its samples alone: {same}", flush=True)
-    flops_of = flops_counter(config, rows)
     peak = H200_BF16_PEAK if "H200" in (torch.cuda.get_device_name(device) if device.type == "cuda" else "") else None
-    results = []
-    for mode in opts.modes:
+    for mode in (m for m in opts.modes if m != "savvy"):
         result = run_mode(mode, schedules[mode], rows, model, optimizer, video_processor, positions, device, opts,
                           flops_of)
         results.append(result)
         print(json.dumps(result), flush=True)
     base = next((r for r in results if r["mode"] == "unpacked"), results[0])
+    savvy = next((r for r in results if r["mode"] == "savvy"), None)
     device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     text = "\n".join([
         "## Packed batches (`bench/packing.py`)", "",
         f"`{command_line()}` on {device_name}, {time.strftime('%Y-%m-%d')}: {len(rows)} samples of "
         f"{min(lengths)}-{max(lengths)} tokens (mean {statistics.mean(lengths):.0f}), pack budget {opts.pack_tokens}, "
         f"padded micro-batch {micro}; kernels {kernels}.", "",
-        table(["mode", "micro-batches", "tokens/s", "vs unpacked", "samples/s", "padding", "data wait", "median step s",
-               "peak GiB", "MFU"],
+        table(["mode", "micro-batches", "tokens/s", "vs unpacked", "vs savvy", "samples/s", "padding", "data wait",
+               "median step s", "peak GiB", "MFU"],
               [[r["mode"], r["micro_batches"], f"{r['tokens_per_second']:.0f}",
-                f"{r['tokens_per_second'] / base['tokens_per_second']:.2f}x", f"{r['samples_per_second']:.2f}",
+                f"{r['tokens_per_second'] / base['tokens_per_second']:.2f}x",
+                f"{r['tokens_per_second'] / savvy['tokens_per_second']:.2f}x" if savvy else "n/a",
+                f"{r['samples_per_second']:.2f}",
                 f"{r['padding_share']:.1%}", f"{r['data_wait_share']:.1%}", f"{r['median_step_seconds']:.3f}",
                 "n/a" if r["peak_allocated_gib"] is None else f"{r['peak_allocated_gib']:.1f}",
                 "n/a" if peak is None else f"{r['model_flops_per_second'] / peak:.1%}"] for r in results]),

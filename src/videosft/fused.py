@@ -8,9 +8,10 @@ flash-linear-attention (``fla``) has one Triton kernel for each forward and one 
 =========================  ==================================================  =====================================
 kind                       transformers (what it replaces)                     fla 0.6.0 function
 =========================  ==================================================  =====================================
-``rms_norm_zero_centered`` ``Qwen3_5RMSNorm.forward``: norm(x) * (1 + w)       ``fla.modules.norm.layernorm.rms_norm``
-                                                                               with the fp32 weight ``1 + w``
-``rms_norm``               ``Qwen3VLTextRMSNorm`` / ``Qwen2_5_VLRMSNorm``      ``fla.modules.norm.layernorm.rms_norm``
+``rms_norm_zero_centered`` ``Qwen3_5RMSNorm.forward``: norm(x) * (1 + w)       ``fla.modules.norm.layernorm``'s kernels
+                                                                               with the fp32 weight ``1 + w``, launched
+                                                                               by :mod:`videosft.norm_kernels`
+``rms_norm``               ``Qwen3VLTextRMSNorm`` / ``Qwen2_5_VLRMSNorm``      the same, weight w
                            ``.forward``: w * norm(x)
 ``rms_norm_gated``         ``Qwen3_5RMSNormGated.forward``:                    ``fla.modules.norm.fused_norm_gate``
                            w * norm(x) * silu(gate)                            ``.rms_norm_gated``
@@ -93,8 +94,8 @@ CHOICES = ("auto", "fla", "torch")
 KINDS = ("rms_norm_zero_centered", "rms_norm", "rms_norm_gated", "swiglu", "causal_conv1d")
 # what each kind binds, for the record and for error messages
 FLA_FUNCTIONS = {
-    "rms_norm_zero_centered": "fla.modules.norm.layernorm.rms_norm (weight 1 + w in fp32)",
-    "rms_norm": "fla.modules.norm.layernorm.rms_norm",
+    "rms_norm_zero_centered": "videosft.norm_kernels.rms_norm (fla's layernorm kernels; weight 1 + w in fp32)",
+    "rms_norm": "videosft.norm_kernels.rms_norm (fla's layernorm kernels)",
     "rms_norm_gated": "fla.modules.norm.fused_norm_gate.rms_norm_gated",
     "swiglu": "fla.modules.activations.swiglu",
     "causal_conv1d": "fla.modules.causal_conv1d.causal_conv1d",
@@ -324,11 +325,13 @@ def fla_status() -> dict:
 
 
 def fla_kernels() -> dict:
-    """fla 0.6.0's functions, by the name the forwards below call them."""
+    """fla 0.6.0's functions, by the name the forwards below call them (its RMSNorm kernels launched
+    without a compile per sequence length: :mod:`videosft.norm_kernels`)."""
     from fla.modules.activations import swiglu
     from fla.modules.causal_conv1d import causal_conv1d
     from fla.modules.norm.fused_norm_gate import rms_norm_gated
-    from fla.modules.norm.layernorm import rms_norm
+
+    from .norm_kernels import rms_norm
 
     return {"rms_norm": rms_norm, "rms_norm_gated": rms_norm_gated, "swiglu": swiglu, "causal_conv1d": causal_conv1d}
 

@@ -37,7 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import autotune
+from . import attention_backends, autotune
 from . import config as config_lib
 from . import packed_attention
 from .adapter import gathered_lora_state, lora_parameters, save_adapter
@@ -422,7 +422,9 @@ def build_engine(run: Run) -> Built:
     kernels = {"gated_deltanet": gated_deltanet,
                "fused": select_fused_kernels(model, run.device, longest, train_cfg["fused_kernels"]),
                "vision_attention_batched": batch_vision_attention(model), "autotune": autotuned,
-               "packed_attention": packed_attention.bind(model) if run.pack_tokens else None}
+               "packed_attention": packed_attention.bind(model) if run.pack_tokens else None,
+               "attention": attention_backends.for_batches(
+                   run.device, padded=train_cfg["micro_batch_size"] > 1 and not run.pack_tokens)}
     if run.rank == 0:
         fused = {kind: impl for kind, impl in kernels["fused"]["implementation"].items() if impl}
         print(f"Gated-DeltaNet: {kernels['gated_deltanet']['implementation']}; fused kernels: {fused}", flush=True)
