@@ -25,7 +25,8 @@ STAGE_SECTIONS = {
     "window": ["data", "window"],
     "preprocess": ["data", "model", "video", "prompt", "preprocess"],
     # the memory plan needs only what shapes the peak, so changing e.g. train.steps keeps the probe
-    "probe": ["model", "lora", "memory", "train:precision,gradient_checkpointing,offload_activations,gather_whole_blocks,fused_kernels,deepspeed_config"],
+    "probe": ["model", "lora", "memory", "train:precision,gradient_checkpointing,offload_activations,"
+              "gather_whole_blocks,fused_kernels,deepspeed_config,micro_batch_size,pack_tokens"],
     "train": ["model", "lora", "train"],
     "verify": ["model", "verify"],
     "report": ["report"],  # and the other stages' outputs

@@ -213,14 +213,33 @@ def sample_at_frames(sample: SampleFacts, frames: int) -> SampleFacts:
     return SampleFacts(visual + round(text), visual, sample.supervised_tokens, frames, sample.text_per_pair)
 
 
+def micro_batch(sample: SampleFacts, micro_batch_size: int = 1, pack_tokens: int | None = None) -> SampleFacts:
+    """The largest micro-batch the train stage forms from samples like ``sample``, as the one sequence the
+    plan sizes: ``micro_batch_size`` of them padded to the longest, or (``train.pack_tokens``) a pack
+    filled to its budget with the sample's mix of visual, text and supervised tokens. Frames scale
+    with the tokens, so each frame pair keeps its patches (the vision tower attends within a pair)."""
+    scale = pack_tokens / sample.input_tokens if pack_tokens else micro_batch_size
+    if scale == 1:
+        return sample
+    return SampleFacts(round(sample.input_tokens * scale), round(sample.visual_tokens * scale),
+                       round(sample.supervised_tokens * scale), max(2, round(sample.frames * scale)),
+                       sample.text_per_pair)
+
+
 def largest_frames(model: ModelFacts, sample: SampleFacts, trainable: int, world: int, ds_zero: dict,
-                   limit_gib: float, precision: str = "bf16", step: int = 2, cap: int = 4096, **options) -> int:
-    """Most frames (a multiple of ``step``) whose predicted reserved peak stays under ``limit_gib``
-    (``options``: plan_peak's checkpointing and offload switches)."""
+                   limit_gib: float, precision: str = "bf16", step: int = 2, cap: int = 4096,
+                   micro_batch_size: int = 1, pack_tokens: int | None = None, **options) -> int:
+    """Most frames per sample (a multiple of ``step``) whose micro-batch's predicted reserved peak stays
+    under ``limit_gib``, and whose sample still fits a pack's budget (``options``: plan_peak's
+    checkpointing and offload switches)."""
     best = 0
     frames = step
     while frames <= cap:
-        peak = plan_peak(model, sample_at_frames(sample, frames), trainable, world, ds_zero, precision, **options)
+        scaled = sample_at_frames(sample, frames)
+        if pack_tokens and scaled.input_tokens > pack_tokens:
+            break
+        peak = plan_peak(model, micro_batch(scaled, micro_batch_size, pack_tokens), trainable, world, ds_zero,
+                         precision, **options)
         if peak["reserved_gib"] > limit_gib:
             break
         best = frames

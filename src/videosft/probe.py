@@ -21,7 +21,7 @@ from pathlib import Path
 from . import config as config_lib
 from .checkpoint import CheckpointError, build_meta_model, extras_summary, map_checkpoint, read_checkpoint
 from .lora import coverage
-from .memory import SampleFacts, flowchart, largest_frames, model_facts, plan_peak, planned_kernels
+from .memory import SampleFacts, flowchart, largest_frames, micro_batch, model_facts, plan_peak, planned_kernels
 from .provenance import exit_after, run_record, stage_parser, write_json
 from .sample_store import read_samples
 
@@ -81,11 +81,14 @@ def text_per_frame_pair(token_types: list[int], frames: int) -> float:
 
 
 def memory_plan(model, cfg: dict, trainable: int, manifest: Path) -> dict:
-    """Predicted per-GPU peaks for several world sizes, the largest frame count under the limit,
-    and the lecture's flowchart for the configured world size."""
+    """Predicted per-GPU peaks of the largest micro-batch (``train.micro_batch_size`` longest samples,
+    or a pack of ``train.pack_tokens``) for several world sizes, the largest frame count per sample under
+    the limit, and the lecture's flowchart (one sample) for the configured world size."""
     ds_zero = json.loads(Path(cfg["train"]["deepspeed_config"]).read_text())["zero_optimization"]
     facts = model_facts(model, int(ds_zero.get("stage3_param_persistence_threshold", 1e5)))
     sample = longest_sample(manifest)
+    batching = {"micro_batch_size": cfg["train"]["micro_batch_size"], "pack_tokens": cfg["train"]["pack_tokens"] or None}
+    batch = micro_batch(sample, **batching)
     limit = cfg["memory"]["gpu_memory_gib"]
     precision = "bf16" if cfg["train"]["precision"] in ("auto", "bf16") else cfg["train"]["precision"]
     options = {"checkpointing": cfg["train"]["gradient_checkpointing"],
@@ -94,14 +97,15 @@ def memory_plan(model, cfg: dict, trainable: int, manifest: Path) -> dict:
                "kernels": planned_kernels(cfg["train"]["fused_kernels"])}
     per_world = {}
     for world in cfg["memory"]["world_sizes"]:
-        peak = plan_peak(facts, sample, trainable, world, ds_zero, precision, **options)
+        peak = plan_peak(facts, batch, trainable, world, ds_zero, precision, **options)
         peak["largest_frames_under_limit"] = largest_frames(facts, sample, trainable, world, ds_zero, limit, precision,
-                                                            **options)
+                                                            **batching, **options)
         per_world[str(world)] = peak
     return {
         "gpu_memory_gib": limit,
         "precision": precision,
         "longest_sample": dataclasses.asdict(sample),
+        "micro_batch": {**batching, **dataclasses.asdict(batch)},
         "model_facts": dataclasses.asdict(facts),
         "per_world_size": per_world,
         "flowchart": flowchart(facts, sample, trainable, max(cfg["memory"]["world_sizes"]), ds_zero, limit),
@@ -151,6 +155,15 @@ def probe(cfg: dict, manifest: Path | None = None) -> dict:
     }
 
 
+def micro_batch_words(plan: dict) -> str:
+    batch, longest = plan["micro_batch"], plan["longest_sample"]["input_tokens"]
+    if batch["pack_tokens"]:
+        return f"a pack of {batch['pack_tokens']} tokens; the longest sample has {longest}"
+    if batch["micro_batch_size"] > 1:
+        return f"{batch['micro_batch_size']} samples padded to the longest, {longest} tokens"
+    return f"the longest sample, {longest} tokens"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = stage_parser(__doc__)
     parser.add_argument("--samples", type=Path, help="manifest.json of the preprocess stage: the memory plan "
@@ -174,9 +187,9 @@ def main(argv: list[str] | None = None) -> int:
             plan = result["memory"]
             for world, peak in plan["per_world_size"].items():
                 print(f"memory plan, {world} GPU(s): {peak['reserved_gib']:.2f} GiB reserved per GPU "
-                      f"({peak['allocated_gib']:.2f} allocated) for the longest sample "
-                      f"({plan['longest_sample']['input_tokens']} tokens); at most "
-                      f"{peak['largest_frames_under_limit']} frames fit {plan['gpu_memory_gib']} GiB")
+                      f"({peak['allocated_gib']:.2f} allocated) for the largest micro-batch "
+                      f"({micro_batch_words(plan)}); at most "
+                      f"{peak['largest_frames_under_limit']} frames per sample fit {plan['gpu_memory_gib']} GiB")
             for step in plan["flowchart"]:
                 print(f"  {step['question']} {step['answer']}"
                       + (f" ({step['predicted_gib']:.2f} GiB)" if "predicted_gib" in step else "") + f": {step['why']}")

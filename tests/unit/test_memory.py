@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from videosft.memory import GIB, RESERVED_OVER_ALLOCATED, ModelFacts, SampleFacts, largest_frames, plan_peak, \
-    sample_at_frames, flowchart
+from videosft.memory import GIB, RESERVED_OVER_ALLOCATED, ModelFacts, SampleFacts, largest_frames, micro_batch, \
+    plan_peak, sample_at_frames, flowchart
 
 MODEL = ModelFacts(parameters=4_000_000_000, vision_parameters=400_000_000, largest_layer_parameters=100_000_000,
                    embedding_parameters=600_000_000, lm_head_parameters=0, small_parameters=1_000_000, layers=32,
@@ -76,6 +76,29 @@ def test_frames_scale_the_visual_tokens_and_the_largest_count_fits():
     assert frames % 16 == 0 and frames > 0
     assert plan_peak(MODEL, sample_at_frames(SAMPLE, frames), 10_000_000, 2, ZERO)["reserved_gib"] <= 12.0
     assert plan_peak(MODEL, sample_at_frames(SAMPLE, frames + 16), 10_000_000, 2, ZERO)["reserved_gib"] > 12.0
+
+
+def test_the_plan_sizes_the_largest_micro_batch_padded_or_packed():
+    assert micro_batch(SAMPLE) == SAMPLE
+    padded = micro_batch(SAMPLE, micro_batch_size=3)
+    assert (padded.input_tokens, padded.visual_tokens, padded.supervised_tokens, padded.frames) == (
+        19_800, 18_816, 540, 192)
+    pack = micro_batch(SAMPLE, pack_tokens=16_500)  # 2.5 samples of the longest one's mix
+    assert (pack.input_tokens, pack.visual_tokens, pack.supervised_tokens, pack.frames) == (16_500, 15_680, 450, 160)
+    one, three, packed = (plan_peak(MODEL, s, 10_000_000, 2, ZERO) for s in (SAMPLE, padded, pack))
+    assert one["reserved_gib"] < packed["reserved_gib"] < three["reserved_gib"]
+    # the vision tower attends within a frame pair: packing more pairs adds patches, not a longer attention
+    assert pack.visual_tokens / (pack.frames // 2) == SAMPLE.visual_tokens / (SAMPLE.frames // 2)
+
+
+def test_the_largest_frame_count_is_per_sample_under_the_micro_batch_and_the_pack_budget():
+    alone = largest_frames(MODEL, SAMPLE, 10_000_000, 2, ZERO, limit_gib=12.0, step=16)
+    three = largest_frames(MODEL, SAMPLE, 10_000_000, 2, ZERO, limit_gib=12.0, step=16, micro_batch_size=3)
+    assert 0 < three < alone
+    assert plan_peak(MODEL, micro_batch(sample_at_frames(SAMPLE, three), 3), 10_000_000, 2, ZERO)["reserved_gib"] <= 12
+    # a pack of 8,000 tokens takes samples of at most 8,000 tokens, however much memory is left
+    frames = largest_frames(MODEL, SAMPLE, 10_000_000, 2, ZERO, limit_gib=1000.0, step=16, pack_tokens=8_000)
+    assert sample_at_frames(SAMPLE, frames).input_tokens <= 8_000 < sample_at_frames(SAMPLE, frames + 16).input_tokens
 
 
 def test_flowchart_walks_the_lecture_steps():
