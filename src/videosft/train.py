@@ -48,7 +48,7 @@ from .errors import ConfigError, InputError
 from .fused import select_fused_kernels
 from .gated_deltanet import select_gated_delta_rule
 from .lora import target_module_names
-from .memory import ModelFacts, SampleFacts, plan_peak
+from .memory import ModelFacts, SampleFacts, micro_batch, plan_peak
 from .pixels import load_video_processor
 from .progress import ProgressLine
 from .provenance import exit_after, path_fingerprint, run_record, stage_parser, write_json
@@ -640,7 +640,9 @@ def memory_comparison(probe: dict, index: list, world: int, ds_config: dict, pre
     if not facts:
         return {"measured": measured}
     longest = max(index, key=lambda entry: entry.input_tokens)
-    sample = SampleFacts(longest.input_tokens, longest.visual_tokens, longest.supervised_tokens, longest.frames)
+    # ``index`` holds whole packs when packing (planned_entries); padded micro-batches are sized here
+    sample = micro_batch(SampleFacts(longest.input_tokens, longest.visual_tokens, longest.supervised_tokens,
+                                     longest.frames), train_cfg["micro_batch_size"])
     trainable = probe["lora"]["trainable_parameters"]
     predicted = plan_peak(ModelFacts(**facts), sample, trainable, world, ds_config["zero_optimization"], precision,
                           checkpointing=train_cfg["gradient_checkpointing"], kernels=kernels,

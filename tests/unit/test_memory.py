@@ -148,3 +148,20 @@ def test_the_run_plans_with_the_kernels_it_bound():
     assert kernel_set(bound(None, "torch")) == "torch"
     factors = {name: COEFFICIENTS[name][0] for name in ("torch", "fla-unfused", "fla")}
     assert factors["torch"] > factors["fla-unfused"] > factors["fla"]  # fused kernels keep the least
+
+
+def test_the_train_record_plans_a_padded_micro_batch_whole():
+    import dataclasses
+    import types
+
+    from videosft.train import memory_comparison
+
+    probe = {"memory": {"model_facts": dataclasses.asdict(MODEL)}, "lora": {"trainable_parameters": 10_000_000}}
+    index = [types.SimpleNamespace(**{key: getattr(SAMPLE, key) for key in
+                                      ("input_tokens", "visual_tokens", "supervised_tokens", "frames")})]
+    train_cfg = {"micro_batch_size": 3, "gradient_checkpointing": True, "offload_activations": False,
+                 "gather_whole_blocks": False}
+    got = memory_comparison(probe, index, 2, {"zero_optimization": ZERO}, "bf16", train_cfg,
+                            [[{"peak_allocated_gib": 1.0}], []], kernels="torch")
+    assert got["predicted"] == plan_peak(MODEL, micro_batch(SAMPLE, 3), 10_000_000, 2, ZERO, "bf16", kernels="torch")
+    assert got["predicted"]["reserved_gib"] > plan_peak(MODEL, SAMPLE, 10_000_000, 2, ZERO, kernels="torch")["reserved_gib"]
