@@ -215,26 +215,19 @@ def model_loss(model, batch):
 
 def check_same_losses(model, rows, pack, video_processor, positions, device) -> dict:
     """The first pack's per-token losses against each of its samples alone, on the device."""
-    import torch
-
     from videosft.batches import prepare
+    from videosft.train import token_losses
 
-    def token_losses(batch, start=0, end=None):
-        batch = {k: v.to(device) for k, v in batch.items()}
-        with torch.no_grad():
-            logits = model(**{k: v for k, v in batch.items() if k != "labels"}, use_cache=False).logits[0].float()
-        end = end or logits.shape[0]
-        targets = batch["labels"][0, start + 1:end]
-        chosen = targets != IGNORE_INDEX
-        return torch.nn.functional.cross_entropy(logits[start:end - 1][chosen], targets[chosen], reduction="none")
+    def on_device(batch):
+        return {key: value.to(device) for key, value in batch.items()}
 
     model.eval()
     packed = prepare([rows[i] for i in pack], 0, video_processor, positions, pin=False, pack=True)
     bounds = packed["cu_seq_lens_q"].tolist()
     worst = []
     for index, start, end in zip(pack, bounds[:-1], bounds[1:]):
-        alone = token_losses(prepare([rows[index]], 0, video_processor, positions, pin=False))
-        together = token_losses(packed, start, end)
+        alone = token_losses(model, on_device(prepare([rows[index]], 0, video_processor, positions, pin=False)))
+        together = token_losses(model, on_device(packed), start, end)
         worst.append(((together - alone).abs() / alone.abs().clamp_min(1e-6)).max().item())
     model.train()
     return {"samples": len(pack), "max_relative_difference_per_sample": worst}

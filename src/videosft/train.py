@@ -208,6 +208,19 @@ def supervised_loss(model, batch: dict):
     )
 
 
+def token_losses(model, batch: dict, start: int = 0, end: int | None = None):
+    """Per-token cross-entropy, without gradients, at the supervised targets among tokens [start, end) of
+    the batch's first row: a packed sample's losses, to hold against the same sample's alone."""
+    import torch
+
+    with torch.no_grad():
+        logits = model(**{k: v for k, v in batch.items() if k != "labels"}, use_cache=False).logits[0].float()
+    end = end or logits.shape[0]
+    targets = batch["labels"][0, start + 1:end]
+    chosen = targets != IGNORE_INDEX
+    return torch.nn.functional.cross_entropy(logits[start:end - 1][chosen], targets[chosen], reduction="none")
+
+
 def reset_peak_memory(device) -> None:
     import torch
 

@@ -27,7 +27,7 @@ from videosft.batches import collate, collate_pack, host_positions, prepare, tok
 from videosft.chat import IGNORE_INDEX
 from videosft.gated_deltanet import select_gated_delta_rule
 from videosft.pixels import stored_frames
-from videosft.train import supervised_loss
+from videosft.train import supervised_loss, token_losses
 from videosft.vision_attention import batch_vision_attention
 
 ATOL = RTOL = 1e-5
@@ -105,16 +105,6 @@ def sample(family: str, index: int, layout: tuple[int, int, int]) -> dict:
     return {"window_id": f"w{index}", "input_ids": ids, "labels": labels,
             "mm_token_type_ids": [2 if t == VIDEO else 0 for t in ids], **stored_frames(frames),
             "video_grid_thw": [2, 2, 4], "second_per_grid": 1.0 if family == "qwen2_5_vl" else None}
-
-
-def token_losses(model, batch: dict, start: int = 0, end: int | None = None):
-    """Per-token cross-entropy at the supervised targets of tokens [start, end) of the batch's row."""
-    with torch.no_grad():
-        logits = model(**{k: v for k, v in batch.items() if k != "labels"}, use_cache=False).logits[0].float()
-    end = end or logits.shape[0]
-    targets = batch["labels"][0, start + 1:end]
-    chosen = targets != IGNORE_INDEX
-    return torch.nn.functional.cross_entropy(logits[start:end - 1][chosen], targets[chosen], reduction="none")
 
 
 @pytest.fixture(scope="module", params=["qwen3_5", "qwen3_vl", "qwen2_5_vl"])
