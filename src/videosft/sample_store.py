@@ -6,7 +6,8 @@ verify, report; tests and benchmarks), so that none of them imports the preproce
 * a sample is one row of :data:`SAMPLE_SCHEMA` (tokens, labels, the frames the processor was given
   as lossless images, and the facts about how it was made); :mod:`videosft.pixels` turns the frames into
   the model's ``pixel_values_videos``; :class:`ShardWriter` streams rows into
-  ``<split>-NNNNN.parquet`` files of bounded size, in row groups of :data:`ROW_GROUP` rows;
+  ``<split>-NNNNN.parquet`` files of bounded size, in row groups of at most :data:`ROW_GROUP` rows
+  and, past its first row, :data:`ROW_GROUP_BYTES` of frames;
 * every file carries, under the schema metadata key ``videosft``, what its samples were made with
   (the preprocess stage fills it: budget, geometry, model file hashes, ...), including
   ``schema_version``; :func:`read_metadata` refuses a version other than :data:`SCHEMA_VERSION`,
@@ -38,6 +39,9 @@ from .provenance import write_json
 SCHEMA_VERSION = 4  # 2: second_per_grid (Qwen2.5-VL's time step per frame pair); 3: video_layout;
 #                     4: the processor's input frames instead of its float16 pixels
 ROW_GROUP = 8
+# A reader fetches a whole row group to get one row of it: this bounds what one sample's read costs.
+# 128-frame windows (about 20 MB of frames each) get a row group each; 16-frame ones share.
+ROW_GROUP_BYTES = 16 * 2**20
 
 SAMPLE_SCHEMA = pa.schema(
     [
@@ -84,7 +88,8 @@ def parquet_options(pixel_compression: str) -> dict:
 
 
 class ShardWriter:
-    """Streams samples into ``<split>-NNNNN.parquet`` files of bounded size, in small row groups.
+    """Streams samples into ``<split>-NNNNN.parquet`` files of bounded size, in small row groups (a
+    group closes at :data:`ROW_GROUP` rows or :data:`ROW_GROUP_BYTES`, whichever comes first).
 
     Memory holds at most one row group; a file is closed and the next begun once it passes
     ``max_bytes``, so neither memory nor file size grows with the number of windows.
@@ -98,6 +103,7 @@ class ShardWriter:
         self.open: dict[str, tuple[pq.ParquetWriter, Path, Path]] = {}
         self.bytes: dict[str, int] = defaultdict(int)
         self.pending: dict[str, list[dict]] = defaultdict(list)
+        self.pending_bytes: dict[str, int] = defaultdict(int)
         self.counts: dict[str, int] = defaultdict(int)
         self.files: dict[str, list[str]] = defaultdict(list)
 
@@ -105,8 +111,10 @@ class ShardWriter:
         split = sample["split"]
         self.pending[split].append(sample)
         self.counts[split] += 1
-        self.bytes[split] += stored_bytes(sample) + 8 * len(sample["input_ids"])
-        if len(self.pending[split]) >= ROW_GROUP:
+        size = stored_bytes(sample) + 8 * len(sample["input_ids"])
+        self.bytes[split] += size
+        self.pending_bytes[split] += size
+        if len(self.pending[split]) >= ROW_GROUP or self.pending_bytes[split] >= ROW_GROUP_BYTES:
             self._flush(split)
         if self.bytes[split] >= self.max_bytes:
             self._close(split)
@@ -120,6 +128,7 @@ class ShardWriter:
             self.open[split] = (pq.ParquetWriter(tmp, self.schema, **self.options), tmp, final)
         self.open[split][0].write_table(pa.Table.from_pylist(self.pending[split], schema=self.schema))
         self.pending[split] = []
+        self.pending_bytes[split] = 0
 
     def _close(self, split: str) -> None:
         self._flush(split)
@@ -234,7 +243,7 @@ def index_samples(manifest_path: Path, split: str) -> SampleIndex:
 class SampleReader:
     """Full rows of an index, fetched by position when asked for.
 
-    Parquet reads whole row groups (:data:`ROW_GROUP` rows); the last ``cached_groups`` read stay in
+    Parquet reads whole row groups (:data:`ROW_GROUP` rows, or fewer past :data:`ROW_GROUP_BYTES`); the last ``cached_groups`` read stay in
     memory, so a pass in file order reads each group once, and memory holds at most that many groups
     whatever the split's size. One by default: training's shuffled order seldom meets a cached group
     again, and each one held costs a row group of frames. Thread-safe: training reads on its batch thread and, for a batch

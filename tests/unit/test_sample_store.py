@@ -50,3 +50,18 @@ def test_a_row_that_is_not_where_the_index_says_names_its_place(tmp_path):
     write_store(tmp_path, list(range(10, 20)), max_bytes=10**9)  # the store is rewritten after indexing
     with pytest.raises(InputError, match=r"train-00000.parquet, row group 0, row 3: holds w013, the index says w003"):
         sample_store.SampleReader(index).read([3])
+
+
+def test_a_row_group_closes_at_its_byte_bound_so_reading_a_large_sample_reads_little_else(tmp_path, monkeypatch):
+    import pyarrow.parquet as pq
+
+    # sample(n) counts 51 bytes of frames and 8 per token (n + 1 tokens): 59, 67, 75, ... 131 bytes
+    monkeypatch.setattr(sample_store, "ROW_GROUP_BYTES", 200)
+    manifest = write_store(tmp_path, list(range(10)), max_bytes=10**9)
+    (path,) = sample_store.sample_files(manifest, "train")
+    sizes = [pq.ParquetFile(path).metadata.row_group(g).num_rows for g in range(pq.ParquetFile(path).num_row_groups)]
+    assert sizes == [3, 3, 2, 2]  # each group closes on the sample that takes it past 200 bytes, long before 8 rows
+    index = sample_store.index_samples(manifest, "train")
+    reader = sample_store.SampleReader(index)
+    assert [row["window_id"] for row in reader.read([9, 4])] == ["w009", "w004"]
+    assert [table.num_rows for table in reader.groups.values()] == [3]  # only the last group read is held
