@@ -339,6 +339,8 @@ def main(argv=None) -> int:
     parser.add_argument("--no-checkpointing", dest="checkpointing", action="store_false",
                         help="train without gradient checkpointing (train.gradient_checkpointing: false)")
     parser.add_argument("--profile", type=Path, help="profile one micro-batch per mode; tables and timelines here")
+    parser.add_argument("--save-autotune", type=Path, metavar="PATH",
+                        help="write this process's fla autotune choices there (videosft.autotune's table format)")
     parser.add_argument("--results", type=Path, default=RESULTS)
     parser.add_argument("--no-results", action="store_true", help="print only; leave RESULTS.md alone")
     opts = parser.parse_args(argv)
@@ -351,6 +353,12 @@ def main(argv=None) -> int:
     from videosft.sampling import epoch_plan, packed_epoch_plan
 
     device = torch.device(opts.device)
+    if opts.save_autotune:  # also when a deadline stops the run: what was tuned so far
+        from videosft import autotune
+
+        if device.type != "cuda":
+            parser.error("--save-autotune needs a CUDA device: fla autotunes only there")
+        autotune.save_when_stopped(opts.save_autotune, autotune.gpu_model(device), command_line())
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     config = load_config(opts.model_config)
     from transformers.models.qwen2_vl.video_processing_qwen2_vl import Qwen2VLVideoProcessor
@@ -391,6 +399,11 @@ def main(argv=None) -> int:
                           flops_of)
         results.append(result)
         print(json.dumps(result), flush=True)
+    if opts.save_autotune:
+        from videosft import autotune
+
+        print(f"autotune table: {autotune.save(opts.save_autotune, autotune.gpu_model(device), command_line())} "
+              f"kernels -> {opts.save_autotune}", flush=True)
     base = next((r for r in results if r["mode"] == "unpacked"), results[0])
     savvy = next((r for r in results if r["mode"] == "savvy"), None)
     device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
