@@ -25,8 +25,7 @@ from lossless WebP frames as the train stage does. Per mode: real tokens/s (padd
 samples/s, and *data wait*: the share of step time spent in ``take()`` waiting for the batch to be
 ready (each step ends on ``loss.item()``, so the device is idle while the host waits). The first
 ``--warmup`` micro-batches of each mode are not timed (Triton compiles and autotunes there).
-With ``--profile DIR`` the first micro-batch after them runs under ``torch.profiler`` (not timed
-either): its operator table and timeline go to DIR, and the log gets the timeline's summary
+With ``--profile DIR`` the middle micro-batch of each mode runs under ``torch.profiler`` (not timed): its operator table and timeline go to DIR, and the log gets the timeline's summary
 (``bench/trace_summary.py``: how long the device computed, and what the host ran while it waited).
 
 Same math: before timing, the first pack's per-token losses are compared with each of its samples
@@ -155,7 +154,7 @@ def make_samples(config, video_processor, opts) -> list[dict]:
 def build(config, device, dtype, longest: int, opts):
     import torch
 
-    from videosft import attention_backends, autotune, packed_attention
+    from videosft import autotune, packed_attention
     from videosft import config as config_lib
     from videosft.checkpoint import model_class
     from videosft.fused import select_fused_kernels
@@ -170,8 +169,7 @@ def build(config, device, dtype, longest: int, opts):
     kernels = {"gated_deltanet": select_gated_delta_rule(model, device, longest)["implementation"],
                "fused": select_fused_kernels(model, device, longest)["implementation"],
                "vision_batched": batch_vision_attention(model),
-               "packed_attention": packed_attention.bind(model),  # as train binds it with pack_tokens
-               "attention": attention_backends.for_batches(device, padded=False)}
+               "packed_attention": packed_attention.bind(model)}  # as train binds it with pack_tokens
     if opts.checkpointing:
         enable_checkpointing(model, offload=False, pin_memory=False)
     lora = {**config_lib.resolve({})["lora"], "dropout": 0.0}
@@ -276,14 +274,15 @@ def write_step_profile(profiler, device, directory: Path, name: str, seconds: fl
 def run_mode(name, batches_of, rows, model, optimizer, video_processor, positions, device, opts, flops_of) -> dict:
     import torch
 
+    from videosft import attention_backends
     from videosft.batches import BatchesAhead, tokens_in
     from videosft.train import start_profiler, supervised_loss
 
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    cudnn = torch.backends.cuda.cudnn_sdp_enabled()
-    if name == "padded" or name.endswith("-cudnn"):  # padded: as the train stage runs padded micro-batches
-        torch.backends.cuda.enable_cudnn_sdp(True)
+    # the train stage's attention kernels for such micro-batches (savvy's: PyTorch's default, cuDNN allowed);
+    # packed-cudnn is the packed mode with cuDNN's SDPA allowed
+    attention = attention_backends.for_batches(device, padded=name in ("savvy", "padded", "packed-cudnn"))
     ahead = BatchesAhead(lambda indices: [rows[i] for i in indices], 0, video_processor, device,
                          None if name == "savvy" else positions, pack=name.startswith("packed"))
     loss_of = model_loss if name == "savvy" else supervised_loss
@@ -308,7 +307,6 @@ def run_mode(name, batches_of, rows, model, optimizer, video_processor, position
             steps.append({"seconds": time.perf_counter() - started, "waited": waited, "tokens": tokens_in(batch),
                           "slots": batch["input_ids"].numel(), "samples": len(indices), "flops": flops_of(indices)})
     ahead.close()
-    torch.backends.cuda.enable_cudnn_sdp(cudnn)
     peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
     seconds = sum(s["seconds"] for s in steps)
     return {"mode": name, "micro_batches": len(steps), "samples": sum(s["samples"] for s in steps),
@@ -317,7 +315,8 @@ def run_mode(name, batches_of, rows, model, optimizer, video_processor, position
             "padding_share": 1 - sum(s["tokens"] for s in steps) / sum(s["slots"] for s in steps),
             "data_wait_share": sum(s["waited"] for s in steps) / seconds,
             "median_step_seconds": statistics.median(s["seconds"] for s in steps), "peak_allocated_gib": peak,
-            "model_flops_per_second": sum(s["flops"] for s in steps) / seconds, "profile": profile}
+            "model_flops_per_second": sum(s["flops"] for s in steps) / seconds, "profile": profile,
+            **attention}
 
 
 def main(argv=None) -> int:

@@ -653,7 +653,7 @@ def memory_comparison(probe: dict, index: list, world: int, ds_config: dict, pre
     if not facts:
         return {"measured": measured}
     longest = max(index, key=lambda entry: entry.input_tokens)
-    # ``index`` holds whole packs when packing (planned_entries); padded micro-batches are sized here
+    # ``index`` holds whole packs when packing (planned_batches); padded micro-batches are sized here
     sample = micro_batch(SampleFacts(longest.input_tokens, longest.visual_tokens, longest.supervised_tokens,
                                      longest.frames), train_cfg["micro_batch_size"])
     trainable = probe["lora"]["trainable_parameters"]
