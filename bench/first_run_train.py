@@ -1,11 +1,11 @@
-"""`videosft.train` with timing probes, for measuring a first run (issue 18). Started by torchrun in its place:
+"""`videosft.stages.train` with timing probes, for measuring a first run (issue 18). Started by torchrun in its place:
 
     python -m torch.distributed.run --standalone --nproc_per_node=1 bench/first_run_train.py \\
         --config ... --samples ... --probe ... --out ...
 
 It runs the train stage's own `main` unchanged; around it, it records (one JSON line per event in
 $GPU18_EVENTS.rank<R>.jsonl, times in seconds since $GPU18_LAUNCH_T0, the moment the driver launched torchrun):
-  * each import (torch, triton, deepspeed, transformers, peft, fla, the Qwen3.5 modeling module, videosft.train);
+  * each import (torch, triton, deepspeed, transformers, peft, fla, the Qwen3.5 modeling module, videosft.stages.train);
   * the train stage's phases: model build, checkpoint load, the Gated-DeltaNet check, the fused-kernel check,
     LoRA / DeepSpeed setup, every step's start and end;
   * inside the checks, every run of a candidate (fla, bf16) or reference (torch, fp32 / bf16) with its
@@ -66,9 +66,9 @@ timed_import("peft")
 timed_import("fla.ops.gated_delta_rule")
 timed_import("fla.modules")
 timed_import("transformers.models.qwen3_5.modeling_qwen3_5")
-train = timed_import("videosft.train")
-gated_deltanet = importlib.import_module("videosft.gated_deltanet")
-fused = importlib.import_module("videosft.fused")
+train = timed_import("videosft.stages.train")
+gated_deltanet = importlib.import_module("videosft.kernels.gated_deltanet")
+fused = importlib.import_module("videosft.kernels.fused")
 deepspeed = sys.modules["deepspeed"]
 
 CUDA = torch.cuda.is_available()

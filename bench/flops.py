@@ -38,7 +38,7 @@ def shape_of(config, tokens: int, visual_tokens: int) -> Shape:
     """Counts of a transformers config, from its model built on the meta device."""
     import torch
 
-    from videosft.checkpoint import model_class
+    from videosft.models.checkpoint import model_class
 
     with torch.device("meta"):
         model = model_class(config)._from_config(config)

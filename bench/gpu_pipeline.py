@@ -10,7 +10,7 @@ made by the preprocess stage's own code (budget plan, processor with do_resize=F
 checks, Parquet shards, manifest) from synthetic frames instead of decoded video: 32 s windows
 whose frames are resized to 448x448, i.e. a merged grid of 14x14 per frame pair, and answers of
 about 180 tokens. Then the real stages run: the probe (with its memory plan), `torchrun -m
-videosft.train` on N GPUs (each rank a different window), once per memory limit (0 = the whole
+videosft.stages.train` on N GPUs (each rank a different window), once per memory limit (0 = the whole
 card; 12 = a simulated 12 GiB card), and the verify stage. A table is printed last; full results
 go to OUT/gpu_pipeline.json.
 """
@@ -32,13 +32,13 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from videosft import config as config_lib  # noqa: E402
-from videosft.budget import resolve_budget  # noqa: E402
-from videosft.budget import plan  # noqa: E402
-from videosft.encoding import build_sample, processor_geometry  # noqa: E402
-from videosft.preprocess import gather, shard_metadata, shard_summary  # noqa: E402
-from videosft.sample_store import ShardWriter  # noqa: E402
-from videosft.video import Clip  # noqa: E402
+from videosft import config as config_lib
+from videosft.encoding.budget import resolve_budget
+from videosft.encoding.budget import plan
+from videosft.encoding.samples import build_sample, processor_geometry
+from videosft.stages.preprocess import gather, shard_metadata, shard_summary
+from videosft.data.sample_store import ShardWriter
+from videosft.media.video import Clip
 from trace_summary import load_events, summarize  # noqa: E402
 
 FRAME_SIDE = 448  # 448 / (16 x 2) = 14 merged tokens per side
@@ -51,8 +51,8 @@ def build_checkpoint(config_path: Path, out: Path) -> dict:
     from transformers.models.qwen2_vl.image_processing_qwen2_vl import Qwen2VLImageProcessor
     from transformers.models.qwen3_vl.video_processing_qwen3_vl import Qwen3VLVideoProcessor
 
-    from videosft.demo import CHAT_TEMPLATE, build_tokenizer
-    from videosft.checkpoint import model_class
+    from videosft.stages.demo import CHAT_TEMPLATE, build_tokenizer
+    from videosft.models.checkpoint import model_class
 
     tokenizer = build_tokenizer(512)
     ids = tokenizer.convert_tokens_to_ids
@@ -213,7 +213,7 @@ def main() -> None:
     variant = args.deepspeed_config.stem + ("-offload_activations" if args.offload_activations else "") + \
         "".join(f"-{key}={value}" for key, value in sorted(train_settings.items()))
     probe_out = samples_dir / f"probe-{variant}"
-    results["probe_seconds"] = run([sys.executable, "-m", "videosft.probe", "--config", stage_config("probe", cfg),
+    results["probe_seconds"] = run([sys.executable, "-m", "videosft.stages.probe", "--config", stage_config("probe", cfg),
                                     "--samples", str(manifest), "--out", str(probe_out)], args.out / "probe.log")
     probe = json.loads((probe_out / "probe.json").read_text())
     results["plan"] = probe["memory"]["per_world_size"]
@@ -230,7 +230,7 @@ def main() -> None:
         out = samples_dir / f"train-{limit:g}-{variant}"
         try:
             seconds = run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                           f"--nproc_per_node={args.gpus}", "-m", "videosft.train", "--config",
+                           f"--nproc_per_node={args.gpus}", "-m", "videosft.stages.train", "--config",
                            stage_config("train", run_cfg), "--samples", str(manifest),
                            "--probe", str(probe_out / "probe.json"), "--out", str(out)],
                           args.out / f"train-{limit:g}.log")
@@ -250,7 +250,7 @@ def main() -> None:
     trained = [samples_dir / f"train-{limit}-{variant}" for limit, facts in results["train"].items() if "failed" not in facts]
     if args.verify and trained:
         verify_out = samples_dir / "verify"
-        results["verify_seconds"] = run([sys.executable, "-m", "videosft.verify", "--config",
+        results["verify_seconds"] = run([sys.executable, "-m", "videosft.stages.verify", "--config",
                                          stage_config("verify", cfg), "--adapter", str(trained[0] / "adapter"),
                                          "--samples", str(manifest), "--out", str(verify_out)],
                                         args.out / "verify.log")

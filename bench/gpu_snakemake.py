@@ -71,7 +71,7 @@ def fill_weights(skeleton_dir: Path, out: Path) -> dict:
     from transformers import AutoConfig
 
     sys.path.insert(0, str(ROOT / "src"))
-    from videosft.checkpoint import model_class
+    from videosft.models.checkpoint import model_class
 
     shutil.copytree(skeleton_dir, out, dirs_exist_ok=True)
     config = AutoConfig.from_pretrained(out)

@@ -11,16 +11,16 @@ checkpointing, AdamW. Every mode trains on the same samples, one epoch of the sa
 * ``unpacked``: one sample per micro-batch (``micro_batch_size: 1``, today's default);
 * ``padded``: ``--micro-batch`` samples per micro-batch, padded to the longest
   (default: the packed mode's mean samples per pack);
-* ``packed``: packs of at most ``--pack-tokens`` tokens (``videosft.sampling.packed_epoch_plan``);
+* ``packed``: packs of at most ``--pack-tokens`` tokens (``videosft.training.sampling.packed_epoch_plan``);
 * ``savvy``: the baseline a savvy user writes from the libraries, as the padded mode batches: the
   model as transformers builds it (its own kernel choices: fla's when it imports, its Hopper guard
   turned off as such a user must), peft LoRA on the same modules, transformers' gradient
   checkpointing, the model's own loss over full-sequence logits, RoPE positions computed by the model.
   It runs first, before this script binds the train stage's kernels into the modeling module. fla's
-  autotune choices come from the shipped table for both (``videosft.autotune``), so neither
+  autotune choices come from the shipped table for both (``videosft.kernels.autotune``), so neither
   autotunes inside a timed micro-batch.
 
-Batches are prepared one ahead on a host thread (``videosft.batches.BatchesAhead``), pixels rebuilt
+Batches are prepared one ahead on a host thread (``videosft.training.batches.BatchesAhead``), pixels rebuilt
 from lossless WebP frames as the train stage does. Per mode: real tokens/s (padding not counted),
 samples/s, and *data wait*: the share of step time spent in ``take()`` waiting for the batch to be
 ready (each step ends on ``loss.item()``, so the device is idle while the host waits). The first
@@ -117,8 +117,8 @@ def make_samples(config, video_processor, opts) -> list[dict]:
     """Samples as the store holds them, in the family's prompt layout, from QVHighlights-shaped windows."""
     import numpy as np
 
-    from videosft.pixels import stored_frames
-    from videosft.timeline import window_bounds
+    from videosft.media.pixels import stored_frames
+    from videosft.media.timeline import window_bounds
 
     text_config = getattr(config, "text_config", config)
     vocab = min(text_config.vocab_size, 100_000) - 16
@@ -154,13 +154,14 @@ def make_samples(config, video_processor, opts) -> list[dict]:
 def build(config, device, dtype, longest: int, opts):
     import torch
 
-    from videosft import autotune, packed_attention
+    from videosft.kernels import autotune
+    from videosft.kernels import packed_attention
     from videosft import config as config_lib
-    from videosft.checkpoint import model_class
-    from videosft.fused import select_fused_kernels
-    from videosft.gated_deltanet import select_gated_delta_rule
-    from videosft.train import add_lora, enable_checkpointing
-    from videosft.vision_attention import batch_vision_attention
+    from videosft.models.checkpoint import model_class
+    from videosft.kernels.fused import select_fused_kernels
+    from videosft.kernels.gated_deltanet import select_gated_delta_rule
+    from videosft.stages.train import add_lora, enable_checkpointing
+    from videosft.kernels.vision_attention import batch_vision_attention
 
     torch.manual_seed(0)
     with torch.device(device):
@@ -184,11 +185,11 @@ def build_savvy(config, device, dtype, opts):
     import torch
     from peft import LoraConfig, get_peft_model
 
-    from videosft import autotune
+    from videosft.kernels import autotune
     from videosft import config as config_lib
-    from videosft.checkpoint import model_class
-    from videosft.gated_deltanet import bypass_hopper_guard, fla_status
-    from videosft.train import target_module_names
+    from videosft.models.checkpoint import model_class
+    from videosft.kernels.gated_deltanet import bypass_hopper_guard, fla_status
+    from videosft.stages.train import target_module_names
 
     if device.type == "cuda" and fla_status().get("importable"):
         bypass_hopper_guard()  # fla refuses its backward on Hopper with this Triton unless told otherwise
@@ -213,8 +214,8 @@ def model_loss(model, batch):
 
 def check_same_losses(model, rows, pack, video_processor, positions, device) -> dict:
     """The first pack's per-token losses against each of its samples alone, on the device."""
-    from videosft.batches import prepare
-    from videosft.train import token_losses
+    from videosft.training.batches import prepare
+    from videosft.stages.train import token_losses
 
     def on_device(batch):
         return {key: value.to(device) for key, value in batch.items()}
@@ -260,7 +261,7 @@ def write_step_profile(profiler, device, directory: Path, name: str, seconds: fl
     """The profiled micro-batch's operator table and timeline in ``directory``; its timeline's summary."""
     import trace_summary
 
-    from videosft.train import write_profile
+    from videosft.stages.train import write_profile
 
     directory.mkdir(parents=True, exist_ok=True)
     table = directory / f"{name}.txt"
@@ -274,9 +275,9 @@ def write_step_profile(profiler, device, directory: Path, name: str, seconds: fl
 def run_mode(name, batches_of, rows, model, optimizer, video_processor, positions, device, opts, flops_of) -> dict:
     import torch
 
-    from videosft import attention_backends
-    from videosft.batches import BatchesAhead, tokens_in
-    from videosft.train import start_profiler, supervised_loss
+    from videosft.kernels import attention_backends
+    from videosft.training.batches import BatchesAhead, tokens_in
+    from videosft.stages.train import start_profiler, supervised_loss
 
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
@@ -339,7 +340,7 @@ def main(argv=None) -> int:
                         help="train without gradient checkpointing (train.gradient_checkpointing: false)")
     parser.add_argument("--profile", type=Path, help="profile one micro-batch per mode; tables and timelines here")
     parser.add_argument("--save-autotune", type=Path, metavar="PATH",
-                        help="write this process's fla autotune choices there (videosft.autotune's table format)")
+                        help="write this process's fla autotune choices there (videosft.kernels.autotune's table format)")
     parser.add_argument("--results", type=Path, default=RESULTS)
     parser.add_argument("--no-results", action="store_true", help="print only; leave RESULTS.md alone")
     opts = parser.parse_args(argv)
@@ -348,12 +349,12 @@ def main(argv=None) -> int:
 
     import torch
 
-    from videosft.batches import host_positions
-    from videosft.sampling import epoch_plan, packed_epoch_plan
+    from videosft.training.batches import host_positions
+    from videosft.training.sampling import epoch_plan, packed_epoch_plan
 
     device = torch.device(opts.device)
     if opts.save_autotune:  # also when a deadline stops the run: what was tuned so far
-        from videosft import autotune
+        from videosft.kernels import autotune
 
         if device.type != "cuda":
             parser.error("--save-autotune needs a CUDA device: fla autotunes only there")
@@ -399,7 +400,7 @@ def main(argv=None) -> int:
         results.append(result)
         print(json.dumps(result), flush=True)
     if opts.save_autotune:
-        from videosft import autotune
+        from videosft.kernels import autotune
 
         print(f"autotune table: {autotune.save(opts.save_autotune, autotune.gpu_model(device), command_line())} "
               f"kernels -> {opts.save_autotune}", flush=True)

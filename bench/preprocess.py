@@ -6,10 +6,10 @@
 Everything runs in one invocation, so every figure is a ratio against a baseline measured in the
 same run on the same machine:
 
-1. Data: synthetic videos from ``videosft.demo.make_videos`` (in parallel groups, one seed each)
-   and the tiny checkpoint from ``videosft.demo.build_model_dir``, in a scratch directory, then the
-   window stage (``python -m videosft.window``).
-2. One core: ``python -m videosft.preprocess --shard 0 --shards 1`` with OMP_NUM_THREADS=1, pinned
+1. Data: synthetic videos from ``videosft.stages.demo.make_videos`` (in parallel groups, one seed each)
+   and the tiny checkpoint from ``videosft.stages.demo.build_model_dir``, in a scratch directory, then the
+   window stage (``python -m videosft.stages.window``).
+2. One core: ``python -m videosft.stages.preprocess --shard 0 --shards 1`` with OMP_NUM_THREADS=1, pinned
    to one CPU, timed as process wall time. Baseline: one process that opens each video with
    ``decord.VideoReader(path, num_threads=1)`` and calls ``get_batch`` with the ``frame_indices`` of
    each sample read back from the stage's Parquet files (same frames, same calls, same order),
@@ -62,7 +62,7 @@ GOAL_RATIO = 0.8
 # Child roles (run in their own processes by the harness)
 
 STAGE_IMPORTS = ("import torch, torchvision, transformers; from transformers import AutoProcessor; "
-                 "from torchvision.transforms.v2 import functional; import decord, videosft.preprocess")
+                 "from torchvision.transforms.v2 import functional; import decord, videosft.stages.preprocess")
 # Printed last by an import-only process: the time from here to the process's end is its exit.
 PRINT_END = "; import time; print('end', time.time(), flush=True)"
 GC_FREEZE = "; import gc; gc.freeze()"
@@ -97,8 +97,8 @@ def role_breakdown(report_path: str, stage_args: list[str]) -> None:
     from torchvision.transforms.v2 import functional as tvf
     from transformers import AutoProcessor
 
-    import videosft.preprocess as stage
-    import videosft.video as video
+    import videosft.stages.preprocess as stage
+    import videosft.media.video as video
 
     imports = {"wall": time.perf_counter() - wall0, "cpu": time.process_time() - cpu0}
     totals: dict[str, dict[str, float]] = {}
@@ -142,7 +142,7 @@ def role_breakdown(report_path: str, stage_args: list[str]) -> None:
 
 
 def make_group(args: tuple) -> list[dict]:
-    from videosft.demo import make_videos
+    from videosft.stages.demo import make_videos
 
     cfg, video_dir, annotations = args
     return make_videos(cfg, Path(video_dir), Path(annotations))
@@ -178,7 +178,7 @@ def build_data(work: Path, opts) -> dict:
             lines.append(json.dumps({**row, "video": f"g{g}/{row['video']}"}) + "\n")
     annotations.write_text("".join(lines))
     videos_s = time.perf_counter() - started
-    from videosft.demo import build_model_dir
+    from videosft.stages.demo import build_model_dir
 
     model_facts = build_model_dir(demo, model)
     info = {"facts": facts, "videos_s": videos_s, "bytes": sum(p.stat().st_size for p in videos.rglob("*.mp4")),
@@ -244,10 +244,10 @@ def one_core(work: Path, info: dict, opts) -> dict:
     env = clean_env()
     cpu = one_cpu()
     window_dir = work / "window"
-    timed([sys.executable, "-m", "videosft.window", "--config", str(config), "--out", str(window_dir)], env,
+    timed([sys.executable, "-m", "videosft.stages.window", "--config", str(config), "--out", str(window_dir)], env,
           logs / "window.log")
     windows = window_dir / "windows.parquet"
-    stage_cmd = [sys.executable, "-m", "videosft.preprocess", "--config", str(config), "--windows", str(windows),
+    stage_cmd = [sys.executable, "-m", "videosft.stages.preprocess", "--config", str(config), "--windows", str(windows),
                  "--shard", "0", "--shards", "1", "--out"]
 
     stage, bare, bare_reports, summaries = [], [], [], []
@@ -450,7 +450,7 @@ def report(opts, info: dict, core: dict, scale: dict | None, versions: dict) -> 
         f"- commit: `{git_commit()}`; date: {today()}",
         f"- machine: {machine()}",
         f"- versions: {', '.join(f'{k} {v}' for k, v in versions.items())}",
-        f"- data: {opts.videos} synthetic demo videos (`videosft.demo.make_videos`), {opts.seconds:g} s, "
+        f"- data: {opts.videos} synthetic demo videos (`videosft.stages.demo.make_videos`), {opts.seconds:g} s, "
         f"{opts.height}x{opts.width} px, {opts.fps} fps, H.264 crf 18 ({info['bytes'] / 2**20:.1f} MiB); tiny "
         f"Qwen3.5 checkpoint from `build_model_dir`; otherwise the config defaults (8 s windows, 2 fps, 4-16 "
         f"frames, 4-16 merged tokens per frame pair)",

@@ -14,7 +14,7 @@ Trainers (``--trainers``):
   `fla` imports; fla's Hopper / Triton 3.4-3.7.0 backward guard turned off, as such a user must)
   and the issue's tuned ZeRO-3 settings (overlap_comm, 5e8 reduce bucket, 5e7 prefetch,
   persistence threshold 1e6) over the field notes' config; full-sequence logits.
-* ``ours``: `python -m videosft.train` as the pipeline runs it (default DeepSpeed config, fla
+* ``ours``: `python -m videosft.stages.train` as the pipeline runs it (default DeepSpeed config, fla
   kernels only after the stage's own check against the torch implementation). ``ours-conservative``:
   the same with the field notes' config (pinned; today's default differs only in
   `memory_efficient_linear: false`); ``ours-tuned``: with `workflow/deepspeed/zero3_tuned.json`;
@@ -27,7 +27,7 @@ Trainers (``--trainers``):
 Same checkpoint, samples (from bench/gpu_pipeline.py's builder), LoRA targets and rank, steps.
 Per trainer and frame count: tokens/s per GPU (median after the first step), peak allocated /
 reserved per rank, load time, and MFU against the measured bf16 matrix rate. Before the trainers,
-`python -m videosft.gated_deltanet` checks fla against the torch implementation at the model's layer
+`python -m videosft.kernels.gated_deltanet` checks fla against the torch implementation at the model's layer
 shapes and times both (on the last GPU, while the checkpoint is built). With ``--limit-gib 12``
 and ``--search`` the largest frame count each named trainer fits under a simulated 12 GiB card
 (`torch.cuda.set_per_process_memory_fraction`) is searched in steps of 16 frames, from
@@ -80,10 +80,10 @@ sys.path.insert(0, sys.argv[5])
 from transformers import AutoConfig
 from transformers.integrations import HfDeepSpeedConfig
 from peft import LoraConfig, get_peft_model
-from videosft.checkpoint import model_class
-from videosft.sample_store import read_samples
-from videosft.batches import collate
-from videosft.pixels import load_video_processor
+from videosft.models.checkpoint import model_class
+from videosft.data.sample_store import read_samples
+from videosft.training.batches import collate
+from videosft.media.pixels import load_video_processor
 
 model_dir, manifest, out, steps = Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3]), int(sys.argv[4])
 local = int(os.environ["LOCAL_RANK"])
@@ -105,7 +105,7 @@ model = model_class(config).from_pretrained(model_dir, dtype=torch.bfloat16 if g
 load_seconds = time.perf_counter() - started
 bypassed = False
 if options["gdn"] == "fla":
-    from videosft.gated_deltanet import bypass_hopper_guard, fla_status
+    from videosft.kernels.gated_deltanet import bypass_hopper_guard, fla_status
     bypassed = fla_status()["importable"] and bypass_hopper_guard()
 modeling = sys.modules[type(model).__module__]
 chunked = getattr(modeling, "torch_chunk_gated_delta_rule", None)  # None: no Gated-DeltaNet layers (Qwen3-VL)
@@ -117,7 +117,7 @@ model = get_peft_model(model, LoraConfig(r=8, lora_alpha=16, lora_dropout=0.05, 
 params = [p for p in model.parameters() if p.requires_grad]
 engine, *_ = deepspeed.initialize(model=model, optimizer=torch.optim.AdamW(params, lr=2e-4), config=ds,
                                   model_parameters=params, dist_init_required=False)
-from videosft.sampling import epoch_plan
+from videosft.training.sampling import epoch_plan
 rows = read_samples(manifest, "train")  # the train stage's order: its own seeded epoch plan below
 video_processor = load_video_processor(model_dir)
 engine.train()  # from_pretrained returns eval mode, where gradient checkpointing is off
@@ -232,14 +232,14 @@ class Bench:
         if not manifest.exists():
             build_samples(cfg, data, 2 * self.args.gpus + 1, seconds, 18)
         if not (data / "probe" / "probe.json").exists():
-            subprocess.run([sys.executable, "-m", "videosft.probe", "--config",
+            subprocess.run([sys.executable, "-m", "videosft.stages.probe", "--config",
                             json.dumps(config_lib.stage_config("probe", cfg)), "--samples", str(manifest), "--out",
                             str(data / "probe")], check=True, cwd=ROOT, env=self.env, stdout=subprocess.DEVNULL)
         return cfg, data
 
     def run(self, name: str, frames: int, steps: int, limit_gib: float = 0.0) -> dict:
         from videosft import config as config_lib
-        from videosft.sample_store import read_samples
+        from videosft.data.sample_store import read_samples
 
         needed = RUN_ESTIMATE_S.get(name, 70)
         if self.time_left() < needed:
@@ -264,7 +264,7 @@ class Bench:
         else:
             train_cfg = {**cfg, "train": {**cfg["train"], "steps": steps, "deepspeed_config": str(ds_file),
                                           **spec.get("train", {})}}
-            command = ["-m", "videosft.train", "--config", json.dumps(config_lib.stage_config("train", train_cfg)),
+            command = ["-m", "videosft.stages.train", "--config", json.dumps(config_lib.stage_config("train", train_cfg)),
                        "--samples", str(manifest), "--probe", str(data / "probe" / "probe.json"), "--out", str(out)]
         log = self.args.work / "logs" / f"{name}-{frames}-{limit_gib:g}.log"
         log.parent.mkdir(exist_ok=True)
@@ -369,7 +369,7 @@ def main() -> None:
     check = None
     if not args.no_check:  # on the last GPU while the checkpoint is built on the first
         longest = 100 * max(args.frames) + 600
-        check = subprocess.Popen([sys.executable, "-m", "videosft.gated_deltanet", "--model-config", str(args.config),
+        check = subprocess.Popen([sys.executable, "-m", "videosft.kernels.gated_deltanet", "--model-config", str(args.config),
                                   "--tokens", str(min(longest, 16384)), "8192", "200", "--time"],
                                  stdout=subprocess.PIPE, stderr=open(args.out / "kernel_check.log", "w"), text=True,
                                  cwd=ROOT, env={**env, "CUDA_VISIBLE_DEVICES": str(args.gpus - 1)})

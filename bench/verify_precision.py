@@ -3,7 +3,7 @@
     python bench/verify_precision.py --model M --manifest preprocess/manifest.json --adapter A \\
         --dtype fp32 --variants torch:tf32off fla:tf32off torch:tf32on fla:tf32on --out r.json
 
-Loads the base as `videosft.verify.load_model` does (``from_pretrained`` in --dtype on the GPU, then
+Loads the base as `videosft.stages.verify.load_model` does (``from_pretrained`` in --dtype on the GPU, then
 ``PeftModel.from_pretrained``), and on the first --samples val samples does what
 `verify.forward_agreement` does: full logits of the unmerged model, then of the merged one (here
 ``merge_adapter``, restored exactly afterwards from saved copies so that the next variant starts from
@@ -59,11 +59,11 @@ def main() -> int:
     from peft.tuners.lora import LoraLayer
     from transformers import AutoConfig, AutoTokenizer
 
-    from videosft.batches import collate
-    from videosft.pixels import load_video_processor
-    from videosft.checkpoint import model_class
-    from videosft.lora import target_module_names
-    from videosft.sample_store import read_samples
+    from videosft.training.batches import collate
+    from videosft.media.pixels import load_video_processor
+    from videosft.models.checkpoint import model_class
+    from videosft.models.lora import target_module_names
+    from videosft.data.sample_store import read_samples
 
     if args.fla_ieee:
         import triton.language as tl

@@ -37,7 +37,7 @@ def _forget_outputs():
 # The files that took longest in CI (README), longest first. The two workers take whole files in
 # collection order (--no-loadscope-reorder), so these start at once instead of ending the run alone.
 LONGEST_FIRST = ["workflow/test_learning.py", "workflow/test_slurm.py", "stages/test_train_policies.py",
-                 "workflow/test_workflow.py", "stages/test_model_families.py"]
+                 "workflow/test_workflow.py", "models/test_families.py"]
 
 
 def pytest_collection_modifyitems(config, items):
@@ -82,7 +82,7 @@ def stage_json(stage: str, overrides: dict | None = None) -> str:
 
 @pytest.fixture(scope="session")
 def demo_dir(tmp_path_factory) -> Path:
-    from videosft import demo
+    from videosft.stages import demo
 
     out = tmp_path_factory.mktemp("demo")
     assert demo.main(["--config", stage_json("demo"), "--out", str(out)]) == 0
@@ -102,7 +102,9 @@ def demo_config(demo_dir) -> dict:
 @pytest.fixture(scope="session")
 def prepared(tmp_path_factory, demo_config) -> Path:
     """window + preprocess + probe outputs on the demo, under one results directory."""
-    from videosft import preprocess, probe, window
+    from videosft.stages import preprocess
+    from videosft.stages import probe
+    from videosft.stages import window
 
     results = tmp_path_factory.mktemp("results")
     assert window.main(["--config", stage_json("window", demo_config), "--out", str(results / "window")]) == 0
@@ -254,10 +256,10 @@ def check_host_positions(model_dir: Path, rows: list[dict]) -> None:
     import torch
     from transformers import AutoConfig
 
-    from videosft.batches import collate, host_positions, prepare
-    from videosft.pixels import load_video_processor
-    from videosft.checkpoint import model_class
-    from videosft.train import supervised_loss
+    from videosft.training.batches import collate, host_positions, prepare
+    from videosft.media.pixels import load_video_processor
+    from videosft.models.checkpoint import model_class
+    from videosft.stages.train import supervised_loss
 
     model = model_class(AutoConfig.from_pretrained(model_dir)).from_pretrained(model_dir, dtype=torch.float32)
     video_processor = load_video_processor(model_dir)

@@ -59,39 +59,60 @@ ENV_EXACT = (
 ENV_PREFIXES = ("SLURM_", "VIDEOSFT_")  # every VIDEOSFT_* switch, present and future
 
 
+STAGES = "stages"  # the subpackage of stage entry points: videosft.stages.<stage>
+
+
+def stage_module(stage: str) -> str:
+    """The dotted module (inside videosft) that runs ``stage``."""
+    return f"{STAGES}.{stage}"
+
+
+def module_file(module: str) -> Path | None:
+    """The source file of a dotted module inside videosft (a package's ``__init__.py``), or None."""
+    base = PACKAGE_DIR.joinpath(*module.split("."))
+    for path in (base.with_suffix(".py"), base / "__init__.py"):
+        if path.is_file():
+            return path
+    return None
+
+
 def stage_sources(stage: str) -> list[Path]:
-    """The stage module and every ``videosft`` module it imports, transitively."""
+    """The stage module and every ``videosft`` module it imports, transitively, with the
+    ``__init__.py`` of each package they live in (Python runs those on import too)."""
     seen: set[str] = set()
-    todo = [stage]
+    todo = [stage_module(stage)]
     while todo:
         name = todo.pop()
         if name in seen:
             continue
-        path = PACKAGE_DIR / f"{name}.py"
-        if not path.exists():
-            raise FileNotFoundError(f"no module videosft.{name} at {path}")
+        if module_file(name) is None:
+            raise FileNotFoundError(f"no module videosft.{name} under {PACKAGE_DIR}")
         seen.add(name)
-        todo.extend(_local_imports(path))
-    return sorted(PACKAGE_DIR / f"{name}.py" for name in seen)
+        parts = name.split(".")
+        todo.extend(".".join(parts[:i]) for i in range(1, len(parts)))  # enclosing packages
+        todo.extend(_local_imports(name))
+    return sorted(module_file(name) for name in seen)
 
 
-def _local_imports(path: Path) -> set[str]:
+def _local_imports(module: str) -> set[str]:
+    """The videosft modules (dotted, inside the package) that ``module`` imports, anywhere in its body."""
+    path = module_file(module)
+    package = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
     names = set()
     for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
         if isinstance(node, ast.ImportFrom):
-            if node.level == 1 and node.module:
-                names.add(node.module.split(".")[0])
-            elif node.level == 1:
-                names.update(alias.name for alias in node.names)
-            elif node.module and node.module.startswith("videosft."):
-                names.add(node.module.split(".")[1])
-            elif node.module == "videosft":
-                names.update(alias.name for alias in node.names)
+            if node.level:
+                base = package[:len(package) - (node.level - 1)] + (node.module.split(".") if node.module else [])
+            elif node.module and (node.module == "videosft" or node.module.startswith("videosft.")):
+                base = node.module.split(".")[1:]
+            else:
+                continue
+            names.add(".".join(base))
+            names.update(".".join([*base, alias.name]) for alias in node.names)  # from package import module
         elif isinstance(node, ast.Import):
-            for alias in node.names:
-                if alias.name.startswith("videosft."):
-                    names.add(alias.name.split(".")[1])
-    return {n for n in names if (PACKAGE_DIR / f"{n}.py").exists()}
+            names.update(".".join(alias.name.split(".")[1:]) for alias in node.names
+                         if alias.name.startswith("videosft."))
+    return {name for name in names if name and module_file(name) is not None}
 
 
 class StaleCodeError(UserError, RuntimeError):
@@ -110,7 +131,7 @@ def check_code(stage: str, expected: list[str] | None) -> None:
     theirs = {Path(path).resolve() for path in expected}
     if ours != theirs:
         raise StaleCodeError(
-            f"videosft.{stage} was imported from {PACKAGE_DIR}, but the workflow tracks "
+            f"videosft.{stage_module(stage)} was imported from {PACKAGE_DIR}, but the workflow tracks "
             f"{sorted(str(p) for p in theirs - ours)[:3]}. Another copy of videosft shadows the checkout: "
             f"run `pip install -e .` in the checkout you run snakemake from."
         )
@@ -223,7 +244,7 @@ def path_fingerprint(path: str | Path) -> str:
 
 
 def source_hashes(stage: str) -> dict[str, str]:
-    return {path.name: sha256_file(path) for path in stage_sources(stage)}
+    return {path.relative_to(PACKAGE_DIR).as_posix(): sha256_file(path) for path in stage_sources(stage)}
 
 
 def config_hash(section: Any) -> str:
@@ -284,7 +305,7 @@ def base_record(stage: str, config: Any) -> dict[str, Any]:
         "interpreter": sys.executable,
         "python": platform.python_version(),
         "packages": package_versions(),
-        "module_file": str(PACKAGE_DIR / f"{stage}.py"),
+        "module_file": str(module_file(stage_module(stage))),
         "sources": source_hashes(stage),
         "config": config,
         "config_sha256": config_hash(config),

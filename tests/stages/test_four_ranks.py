@@ -6,14 +6,14 @@ from __future__ import annotations
 import json
 
 from conftest import run_torchrun, stage_json
-from videosft import verify
+from videosft.stages import verify
 
 
 def test_four_ranks_each_read_their_own_window_and_the_adapter_reloads(prepared, demo_config, tmp_path):
     cfg = {**demo_config, "train": {**demo_config["train"], "steps": 2}}
     manifest = prepared / "preprocess" / "manifest.json"
     out = tmp_path / "train"
-    run_torchrun(["-m", "videosft.train", "--config", stage_json("train", cfg), "--samples", str(manifest),
+    run_torchrun(["-m", "videosft.stages.train", "--config", stage_json("train", cfg), "--samples", str(manifest),
                   "--probe", str(prepared / "probe" / "probe.json"), "--out", str(out)], nproc=4, timeout=600)
     # A rank may rarely abort at interpreter exit after all work is done: judge by artifacts.
     assert (out / "run_record.json").exists()

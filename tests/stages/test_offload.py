@@ -10,7 +10,7 @@ from safetensors.torch import load_file
 from torch.autograd.graph import saved_tensors_hooks
 
 from conftest import PROJECT, run_torchrun, stage_json
-from videosft.train import enable_checkpointing
+from videosft.stages.train import enable_checkpointing
 
 
 def loss_and_saved_states(model_dir, offload: bool):
@@ -57,7 +57,7 @@ def test_offload_profile_trains_the_same_adapter_on_two_ranks(prepared, demo_con
                                                    "offload_activations": True}}.items():
         cfg = {**demo_config, "train": {**demo_config["train"], "steps": 2, **train}}
         out = tmp_path / name
-        run_torchrun(["-m", "videosft.train", "--config", stage_json("train", cfg), "--samples",
+        run_torchrun(["-m", "videosft.stages.train", "--config", stage_json("train", cfg), "--samples",
                       str(prepared / "preprocess" / "manifest.json"), "--probe",
                       str(prepared / "probe" / "probe.json"), "--out", str(out)])
         assert (out / "adapter" / "adapter_model.safetensors").exists()

@@ -12,11 +12,13 @@ import pytest
 
 from conftest import stage_json
 from videosft import config as config_lib
-from videosft import export, predict, report
-from videosft.cutlist import clip_ranges, merge_votes
-from videosft.rejects import Rejects
-from videosft.sample_store import read_samples
-from videosft.video import VideoFile
+from videosft.stages import export
+from videosft.stages import predict
+from videosft.stages import report
+from videosft.evaluation.cutlist import clip_ranges, merge_votes
+from videosft.data.rejects import Rejects
+from videosft.data.sample_store import read_samples
+from videosft.media.video import VideoFile
 
 
 @pytest.fixture(scope="module")
@@ -26,7 +28,7 @@ def adapter(demo_dir, tmp_path_factory) -> Path:
     from peft import LoraConfig, get_peft_model
     from transformers import AutoConfig
 
-    from videosft.checkpoint import model_class
+    from videosft.models.checkpoint import model_class
 
     model_dir = demo_dir / "model"
     base = model_class(AutoConfig.from_pretrained(model_dir)).from_pretrained(model_dir, dtype=torch.float32)
@@ -77,7 +79,7 @@ def test_merging_overlapping_windows():
 
 
 def test_an_edl_and_fcp_xml_read_back_to_the_same_clips(demo_dir, tmp_path):
-    from videosft.cutlist import timeline, write_timelines
+    from videosft.evaluation.cutlist import timeline, write_timelines
 
     video = sorted((demo_dir / "videos").glob("*.mp4"))[0]
     ranges = [(1.0, 2.5), (4.125, 7.0), (9.5, 16.0)]
@@ -154,7 +156,7 @@ def answers(out: Path) -> dict:
 
 
 def test_the_rendered_cut_holds_exactly_the_kept_frames(demo_dir, tmp_path):
-    from videosft.render import render_cut
+    from videosft.media.render import render_cut
 
     video = sorted((demo_dir / "videos").glob("*.mp4"))[0]
     ranges = [(1.0, 2.5), (4.0, 5.0)]
@@ -192,9 +194,9 @@ def test_export_merges_into_a_checkpoint_that_loads_and_answers_like_base_plus_a
     from peft import PeftModel
     from transformers import AutoConfig
 
-    from videosft.batches import collate
-    from videosft.checkpoint import model_class
-    from videosft.pixels import load_video_processor
+    from videosft.training.batches import collate
+    from videosft.models.checkpoint import model_class
+    from videosft.media.pixels import load_video_processor
 
     model_dir = Path(demo_config["model"]["path"])
     out = tmp_path / "merged"

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from conftest import stage_json
-from videosft import probe
-from videosft.checkpoint import CheckpointError, build_meta_model, map_checkpoint, read_checkpoint
+from videosft.stages import probe
+from videosft.models.checkpoint import CheckpointError, build_meta_model, map_checkpoint, read_checkpoint
 
 
 def run_probe(model_dir: Path, out: Path, lora: dict | None = None) -> dict:
@@ -145,7 +145,7 @@ def test_extras_the_model_class_declares_ignorable_are_reported_not_loaded(demo_
 
 def test_header_reading_never_touches_tensor_data(tmp_path):
     """A header describing 4 GiB of data in a sparse file: read without reading the data."""
-    from videosft.checkpoint import read_header
+    from videosft.models.checkpoint import read_header
 
     header = json.dumps({"w": {"dtype": "BF16", "shape": [32768, 65536], "data_offsets": [0, 2 * 32768 * 65536]}})
     header = header.encode() + b" " * (-len(header) % 8)
@@ -187,7 +187,7 @@ def test_tokenizer_and_config_disagreeing_is_an_error(demo_dir, tmp_path):
 def test_single_file_checkpoint(demo_dir, tmp_path):
     from transformers import AutoConfig
 
-    from videosft.checkpoint import model_class
+    from videosft.models.checkpoint import model_class
 
     model_dir = tmp_path / "single"
     shutil.copytree(demo_dir / "model", model_dir, ignore=shutil.ignore_patterns("model*.safetensors*"))
@@ -221,7 +221,7 @@ def test_the_loader_writes_into_the_existing_parameters(demo_dir):
     from safetensors.torch import load_file
     from transformers import AutoConfig
 
-    from videosft.checkpoint import load_checkpoint, model_class
+    from videosft.models.checkpoint import load_checkpoint, model_class
 
     model_dir = demo_dir / "model"
     report = map_checkpoint(build_meta_model(model_dir), tensors := read_checkpoint(model_dir))
@@ -257,9 +257,9 @@ def test_the_plan_scales_a_sample_to_other_frame_counts_markers_included(prepare
     to 8 frames predict their token counts (visual tokens and the per-pair <t seconds> markers)."""
     import pyarrow.parquet as pq
 
-    from videosft import preprocess
-    from videosft.memory import SampleFacts, sample_at_frames
-    from videosft.sample_store import read_samples
+    from videosft.stages import preprocess
+    from videosft.training.memory import SampleFacts, sample_at_frames
+    from videosft.data.sample_store import read_samples
 
     cfg = {**demo_config, "video": {"max_frames": 8, "min_frames": 4}}
     assert preprocess.main(["--config", stage_json("preprocess", cfg), "--windows",
@@ -282,7 +282,7 @@ SPARSE_PROBE = """
 import json, resource, sys, time
 from pathlib import Path
 started = time.perf_counter()
-from videosft.checkpoint import build_meta_model, map_checkpoint, read_checkpoint
+from videosft.models.checkpoint import build_meta_model, map_checkpoint, read_checkpoint
 model_dir = Path(sys.argv[1])
 tensors = read_checkpoint(model_dir)
 report = map_checkpoint(build_meta_model(model_dir), tensors, "bfloat16")
@@ -298,7 +298,7 @@ def write_sparse_checkpoint(config_path: Path, out: Path, shard_bytes: int = 5 *
     import torch
     from transformers import AutoConfig
 
-    from videosft.checkpoint import model_class
+    from videosft.models.checkpoint import model_class
 
     out.mkdir()
     shutil.copy(config_path, out / "config.json")

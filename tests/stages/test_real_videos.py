@@ -16,8 +16,9 @@ import pytest
 from transformers import AutoTokenizer
 
 from conftest import stage_json
-from videosft import preprocess, window
-from videosft.chat import prompt_timestamps
+from videosft.stages import preprocess
+from videosft.stages import window
+from videosft.encoding.chat import prompt_timestamps
 
 REAL = ["bigbuckbunny.mp4", "bikes.mp4", "carphone_pristine.mp4"]
 

@@ -14,7 +14,7 @@ import matplotlib.image
 import pytest
 
 from conftest import PROJECT, stage_json
-from videosft import report
+from videosft.stages import report
 
 FIGURES = report.FIGURES
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -244,6 +244,6 @@ def test_the_evaluation_table_holds_base_and_fine_tuned_values(inputs, tmp_path)
 
 
 def test_the_report_stage_runs_as_a_module():
-    result = subprocess.run([sys.executable, "-m", "videosft.report", "--help"], capture_output=True, text=True,
+    result = subprocess.run([sys.executable, "-m", "videosft.stages.report", "--help"], capture_output=True, text=True,
                             timeout=60, cwd=PROJECT)
     assert result.returncode == 0 and "--verify" in result.stdout and "--train" in result.stdout

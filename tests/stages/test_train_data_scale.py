@@ -12,8 +12,8 @@ import pytest
 from PIL import Image
 
 from conftest import run_torchrun, stage_json
-from videosft import sample_store
-from videosft.pixels import WEBP
+from videosft.data import sample_store
+from videosft.media.pixels import WEBP
 
 # A demo sample's frames weigh about 80 KB; a real 128-frame window about 18 MB. Each frame image
 # here carries an EXIF chunk of random bytes (the decoder ignores it, so the pixels, the batches and
@@ -70,7 +70,7 @@ def test_a_rank_peak_host_memory_does_not_grow_with_the_store(prepared, demo_con
     for copies in (1, SCALE):
         samples = write_store(prepared, tmp_path / f"store{copies}", copies)
         out = tmp_path / f"train{copies}"
-        run_torchrun(["-m", "videosft.train", "--config", stage_json("train", cfg), "--samples", str(samples),
+        run_torchrun(["-m", "videosft.stages.train", "--config", stage_json("train", cfg), "--samples", str(samples),
                       "--probe", str(prepared / "probe" / "probe.json"), "--out", str(out)], timeout=600)
         record = json.loads((out / "run_record.json").read_text())
         assert record["status"] == "ok" and record["results"]["samples"] == 8 * copies

@@ -16,7 +16,7 @@ import pytest
 from safetensors.torch import load_file
 
 from conftest import PROJECT, remember_output, run_torchrun, stage_json
-from videosft.sample_store import sample_files
+from videosft.data.sample_store import sample_files
 
 
 def manifest_with(prepared: Path, tmp_path: Path, count: int) -> Path:
@@ -45,7 +45,7 @@ def kill_tree(process: subprocess.Popen) -> None:
 
 
 def train_args(cfg: dict, samples: Path, prepared: Path, out: Path, *extra: str) -> list[str]:
-    return ["-m", "videosft.train", "--config", stage_json("train", cfg), "--samples", str(samples),
+    return ["-m", "videosft.stages.train", "--config", stage_json("train", cfg), "--samples", str(samples),
             "--probe", str(prepared / "probe" / "probe.json"), "--out", str(out), *extra]
 
 
@@ -95,7 +95,7 @@ def test_smoke_mode_gives_every_rank_the_one_sample(prepared, demo_config, tmp_p
 DIE_WHILE_SAVING = """
 import os, sys
 from pathlib import Path
-import videosft.train as train
+import videosft.stages.train as train
 
 KILL_AT = sys.argv.pop(1)
 write_json = train.write_json
@@ -146,7 +146,7 @@ def test_a_kill_while_saving_resumes_from_the_checkpoint_before_with_the_same_ad
 
 def test_resuming_with_another_config_samples_or_world_size_is_refused_by_name(tmp_path):
     from videosft.errors import InputError
-    from videosft.train import check_identity
+    from videosft.stages.train import check_identity
 
     saved = {"config_sha256": "a", "samples": ["1 files, sha256 x"], "world_size": 2}
     check_identity(saved, dict(saved), tmp_path)

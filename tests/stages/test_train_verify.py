@@ -11,14 +11,14 @@ import torch
 from safetensors.torch import load_file
 
 from conftest import check_host_positions, run_torchrun, stage_json
-from videosft.sample_store import read_samples
+from videosft.data.sample_store import read_samples
 
 
 @pytest.fixture(scope="module")
 def trained(prepared, demo_config, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("train")
     profiled = {**demo_config, "train": {**demo_config["train"], "profile_step": 2}}
-    run_torchrun(["-m", "videosft.train", "--config", stage_json("train", profiled),
+    run_torchrun(["-m", "videosft.stages.train", "--config", stage_json("train", profiled),
                   "--samples", str(prepared / "preprocess" / "manifest.json"),
                   "--probe", str(prepared / "probe" / "probe.json"), "--out", str(out)],
                  env={"TORCH_EXTENSIONS_DIR": str(out / "torch_extensions")})
@@ -128,7 +128,7 @@ def test_a_rank_without_a_batch_fails_at_once_naming_it(prepared, demo_config, t
     one = tmp_path / "manifest.json"
     one.write_text(json.dumps({**manifest, "files": {"train": ["train-00000.parquet"]}}))
     overrides = {**demo_config, "train": {**demo_config["train"], "tail": "drop", "timeout_s": 20}}
-    result = run_torchrun(["-m", "videosft.train", "--config", stage_json("train", overrides), "--samples", str(one),
+    result = run_torchrun(["-m", "videosft.stages.train", "--config", stage_json("train", overrides), "--samples", str(one),
                            "--probe", str(prepared / "probe" / "probe.json"), "--out", str(tmp_path / "out")],
                           timeout=300)
     assert result.returncode != 0
@@ -137,7 +137,7 @@ def test_a_rank_without_a_batch_fails_at_once_naming_it(prepared, demo_config, t
 
 
 def test_verify_reloads_the_adapter_tensor_for_tensor(trained, prepared, demo_config, tmp_path):
-    from videosft import verify
+    from videosft.stages import verify
 
     out = tmp_path / "verify"
     assert verify.main(["--config", stage_json("verify", demo_config), "--adapter", str(trained / "adapter"),
@@ -156,7 +156,7 @@ def test_verify_fails_on_a_tampered_adapter(trained, prepared, demo_config, tmp_
 
     from safetensors.torch import save_file
 
-    from videosft import verify
+    from videosft.stages import verify
 
     adapter = tmp_path / "adapter"
     shutil.copytree(trained / "adapter", adapter)
@@ -173,10 +173,10 @@ def test_verify_fails_on_a_tampered_adapter(trained, prepared, demo_config, tmp_
 def test_loss_on_supervised_positions_equals_the_full_logits_loss(prepared, demo_config):
     from transformers import AutoConfig
 
-    from videosft.checkpoint import model_class
-    from videosft.batches import collate
-    from videosft.pixels import load_video_processor
-    from videosft.train import supervised_loss
+    from videosft.models.checkpoint import model_class
+    from videosft.training.batches import collate
+    from videosft.media.pixels import load_video_processor
+    from videosft.stages.train import supervised_loss
 
     model_dir = Path(demo_config["model"]["path"])
     model = model_class(AutoConfig.from_pretrained(model_dir)).from_pretrained(model_dir, dtype=torch.float32)
@@ -198,8 +198,8 @@ import datetime, json, sys
 from pathlib import Path
 import deepspeed, torch
 from videosft import config as config_lib
-from videosft.checkpoint import load_checkpoint, verify_loaded
-from videosft.train import build_partitioned_model, deepspeed_config
+from videosft.models.checkpoint import load_checkpoint, verify_loaded
+from videosft.stages.train import build_partitioned_model, deepspeed_config
 
 model_dir, probe, out = Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3])
 deepspeed.init_distributed("gloo", timeout=datetime.timedelta(seconds=60))

@@ -16,7 +16,7 @@ import torch
 from safetensors.torch import load_file
 
 from conftest import PROJECT, run_torchrun, stage_json
-from videosft.train import gather_whole_blocks
+from videosft.stages.train import gather_whole_blocks
 
 
 def test_whole_block_gathering_trains_the_same_adapter_on_two_ranks(prepared, demo_config, tmp_path):
@@ -30,7 +30,7 @@ def test_whole_block_gathering_trains_the_same_adapter_on_two_ranks(prepared, de
         cfg = {**demo_config, "train": {**demo_config["train"], "steps": 2, "gather_whole_blocks": whole,
                                         "deepspeed_config": str(tmp_path / "zero3.json")}}
         out = tmp_path / f"whole-{whole}"
-        run_torchrun(["-m", "videosft.train", "--config", stage_json("train", cfg), "--samples",
+        run_torchrun(["-m", "videosft.stages.train", "--config", stage_json("train", cfg), "--samples",
                       str(prepared / "preprocess" / "manifest.json"), "--probe",
                       str(prepared / "probe" / "probe.json"), "--out", str(out)])
         assert (out / "adapter" / "adapter_model.safetensors").exists()
@@ -56,7 +56,7 @@ def test_a_model_without_blocks_to_gather_is_refused():
 def test_whole_blocks_without_checkpointing_is_refused_before_the_model_is_built(prepared, demo_config, tmp_path):
     cfg = {**demo_config, "train": {**demo_config["train"], "gather_whole_blocks": True,
                                     "gradient_checkpointing": False}}
-    result = run_torchrun(["-m", "videosft.train", "--config", stage_json("train", cfg), "--samples",
+    result = run_torchrun(["-m", "videosft.stages.train", "--config", stage_json("train", cfg), "--samples",
                            str(prepared / "preprocess" / "manifest.json"), "--probe",
                            str(prepared / "probe" / "probe.json"), "--out", str(tmp_path / "out")], nproc=1)
     assert result.returncode != 0

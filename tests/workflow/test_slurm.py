@@ -110,12 +110,12 @@ def test_launcher_builds_the_rendezvous_from_slurm_variables(fake_python):
     # head node comes from the documented fallback expansion of the bracketed node list.
     result = launch_args(fake_python, {"SLURM_JOB_ID": "123456", "SLURM_JOB_NUM_NODES": "4", "SLURM_NNODES": "4",
                                        "SLURM_JOB_NODELIST": "gpu[07-09,12]", "SLURM_NODEID": "2"},
-                         "2", "-m", "videosft.train", "--config", "{}", "--out", "results/train")
+                         "2", "-m", "videosft.stages.train", "--config", "{}", "--out", "results/train")
     assert result.returncode == 0, result.stderr
     assert result.stdout.split("\n")[:-1] == [
         "-m", "torch.distributed.run", "--nnodes", "4", "--nproc-per-node", "2", "--rdzv-backend", "c10d",
         "--rdzv-endpoint", "gpu07:32956", "--rdzv-id", "123456", "--rdzv-conf", "is_host=0",
-        "-m", "videosft.train", "--config", "{}", "--out", "results/train"]
+        "-m", "videosft.stages.train", "--config", "{}", "--out", "results/train"]
 
     # The step's node count and node list come first; MASTER_PORT overrides the derived port;
     # node 0 hosts the store.
@@ -137,7 +137,7 @@ def test_launcher_builds_the_rendezvous_from_slurm_variables(fake_python):
     ({"SLURM_JOB_ID": "1", "SLURM_JOB_NUM_NODES": "1", "SLURM_JOB_NODELIST": "n1"}, "0", "positive integer"),
 ])
 def test_launcher_refuses_an_incomplete_allocation(fake_python, env, nproc, message):
-    result = launch_args(fake_python, env, nproc, "-m", "videosft.train")
+    result = launch_args(fake_python, env, nproc, "-m", "videosft.stages.train")
     assert result.returncode == 2 and message in result.stderr, result.stderr
 
 

@@ -97,7 +97,7 @@ def test_every_stage_writes_its_outputs_and_a_run_record(full_run):
 
 
 def test_snakemake_report_embeds_every_figure(full_run):
-    from videosft.report import FIGURES
+    from videosft.stages.report import FIGURES
 
     record = json.loads((full_run / "results/report/run_record.json").read_text())
     assert record["status"] == "ok" and record["results"]["placeholders"] == [], record["results"]
@@ -206,7 +206,7 @@ def test_an_interrupted_stage_is_found_and_rerun_with_rerun_incomplete(full_run)
         time.sleep(0.2)
     os.killpg(process.pid, signal.SIGKILL)
     process.wait()
-    subprocess.run(["pkill", "-9", "-f", f"--out {full_run}/results/train|videosft.train"], check=False)
+    subprocess.run(["pkill", "-9", "-f", f"--out {full_run}/results/train|videosft.stages.train"], check=False)
     result = snakemake(full_run, "-n")
     assert "incomplete" in (result.stdout + result.stderr).lower()
     assert planned_jobs(snakemake(full_run, "-n", "--rerun-incomplete").stdout) == {"train": 1, "verify": 1, "report": 1, "all": 1}
@@ -227,7 +227,7 @@ def test_keep_going_finishes_the_independent_jobs_when_one_is_killed(full_run):
     process = subprocess.Popen([sys.executable, "-m", "snakemake", "--cores", "1", "--keep-going",
                                 "--forcerun", "preprocess_shard", "--until", "preprocess"],
                                cwd=full_run, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    pattern = "videosft.preprocess .*--shard 0 .*--out results/preprocess/shards/0"
+    pattern = "videosft.stages.preprocess .*--shard 0 .*--out results/preprocess/shards/0"
     deadline = time.time() + 120
     killed = False
     while time.time() < deadline and process.poll() is None and not killed:

@@ -23,7 +23,7 @@ rule predict:
     benchmark:
         "benchmarks/predict/predict.tsv"
     shell:
-        "python -m videosft.predict --config {params.cfg:q} --code {input.code} --job {params.job} {params.options} "
+        "python -m videosft.stages.predict --config {params.cfg:q} --code {input.code} --job {params.job} {params.options} "
         "--out {params.out} > {log} 2>&1"
 
 
@@ -50,5 +50,5 @@ rule export:
     benchmark:
         "benchmarks/export/export.tsv"
     shell:
-        "python -m videosft.export --config {params.cfg:q} --code {input.code} --job {params.job} --after {input.after} "
+        "python -m videosft.stages.export --config {params.cfg:q} --code {input.code} --job {params.job} --after {input.after} "
         "--adapter {input.adapter} --out {params.out} > {log} 2>&1"

@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
 # torchrun-slurm.sh: one torchrun agent per node of a Slurm allocation, joined by a c10d rendezvous.
 #
-#   srun --ntasks-per-node=1 workflow/scripts/torchrun-slurm.sh NPROC -m videosft.train ARGS...
+#   srun --ntasks-per-node=1 workflow/scripts/torchrun-slurm.sh NPROC -m videosft.stages.train ARGS...
 #   srun --ntasks-per-node=1 workflow/scripts/torchrun-slurm.sh NPROC script.py ARGS...
 #
 # How the train rule uses it: with one node the rule runs `torchrun --standalone
-# --nproc_per_node {resources.nproc} -m videosft.train ...` as before; with resources.nodes > 1
+# --nproc_per_node {resources.nproc} -m videosft.stages.train ...` as before; with resources.nodes > 1
 # it runs, from the job's batch step,
 #
 #   srun --nodes={resources.nodes} --ntasks-per-node=1 workflow/scripts/torchrun-slurm.sh \
-#       {resources.nproc} -m videosft.train --config ... --out ...
+#       {resources.nproc} -m videosft.stages.train --config ... --out ...
 #
 # so that Slurm starts this script once on every node, each starting NPROC processes (one per
 # GPU: NPROC = GPUs per node), and every agent meets the others at the head node.

@@ -1,0 +1,60 @@
+"""Rejected items: one JSONL line each, counted, and a stage failure past a set fraction."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+from ..errors import UserError
+
+
+class TooManyRejects(UserError, RuntimeError):
+    pass
+
+
+class Rejects:
+    """Collects bad items so that one bad sample never loses the others.
+
+    Each item lands in ``path`` as ``{"where": ..., "reason": ..., "error": ..., **extra}``; the
+    file is rewritten on every add, so it is complete even if the stage dies later.
+    """
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self.items: list[dict] = []
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.path.write_text("")
+
+    @classmethod
+    def merged(cls, path: Path, sources: list[Path]) -> "Rejects":
+        """One list from several stages' (or shards') rejects files, written to ``path``."""
+        rejects = cls(path)
+        rejects.items = [json.loads(line) for source in sources for line in Path(source).read_text().splitlines()]
+        rejects.path.write_text("".join(json.dumps(item, default=str) + "\n" for item in rejects.items))
+        return rejects
+
+    def add(self, where: str, error: BaseException | str, **extra) -> None:
+        reason = type(error).__name__ if isinstance(error, BaseException) else "rejected"
+        item = {"where": where, "reason": reason, "error": str(error), **extra}
+        self.items.append(item)
+        with open(self.path, "a") as handle:
+            handle.write(json.dumps(item, default=str) + "\n")
+        print(f"rejected {where}: {error}", flush=True)
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def summary(self) -> dict:
+        return {"count": len(self.items), "by_reason": dict(Counter(item["reason"] for item in self.items))}
+
+    def check(self, max_fraction: float, total: int, what: str) -> None:
+        """Fail when more than ``max_fraction`` of ``total`` items were rejected."""
+        if total and len(self.items) / total > max_fraction:
+            listing = "\n".join(f"  {item['where']}: {item['error']}" for item in self.items[:20])
+            more = f"\n  ... and {len(self.items) - 20} more" if len(self.items) > 20 else ""
+            raise TooManyRejects(
+                f"{len(self.items)} of {total} {what} rejected (limit data.max_reject_fraction="
+                f"{max_fraction}); see {self.path}:\n{listing}{more}\n"
+                "Fix or remove these items, or raise data.max_reject_fraction to go on without them."
+            )

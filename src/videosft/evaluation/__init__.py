@@ -1,0 +1,1 @@
+"""Answers and their scores: greedy generation, metrics, cut lists."""

@@ -1,0 +1,122 @@
+"""Greedy answers on val windows, scored the same way for the base model and the fine-tune.
+
+The answer parser is :func:`videosft.encoding.chat.parse_answer`, the one the preprocess stage's format
+comes from. An answer that does not parse scores zero (as lmms-eval's Charades task does); a
+degenerate one (:func:`videosft.evaluation.generation.is_degenerate`: a token or a short run of tokens
+repeated, or no end token within the budget) is counted as such too. Every metric is also
+given for a lenient reading (:func:`videosft.encoding.chat.parse_answer_lenient`, prefixed ``lenient_``),
+so that a model answering in prose is not scored zero for its wording, and beside the answers
+of the models stand constant answers (:func:`constant_baselines`): what a model that ignores the
+video scores on the same windows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from ..encoding.chat import parse_answer, parse_answer_lenient
+from ..evaluation.generation import REPEATS, greedy_answers, prompt_of
+from ..evaluation.metrics import WINDOW_METRIC_DEFINITIONS, r1_iou, window_metrics
+
+
+def window_answers(model, rows: Iterable[dict], tokenizer, video_processor, max_new_tokens: int,
+                   think_block: str = "prompt") -> list[dict]:
+    """Greedy answers (:func:`videosft.evaluation.generation.greedy_answers`, one window at a time, so that only
+    the window answered is in memory) with the raw text, whether and what they parse to, strictly and
+    leniently, and whether they degenerate."""
+    answers = []
+    for row in rows:
+        answer = greedy_answers(model, [prompt_of(row)], tokenizer, video_processor, max_new_tokens, think_block)[0]
+        answers.append({"window_id": row["window_id"], "text": answer["text"],
+                        "predicted": parse_answer(answer["answer"]), "lenient": parse_answer_lenient(answer["answer"]),
+                        "target": [tuple(r) for r in row["keep_local"]], "degenerate": answer["degenerate"],
+                        "window": (row["window_start"], row["window_end"])})
+    return answers
+
+
+def score(answers: list[dict]) -> dict:
+    """Moment-retrieval metrics (fractions in [0, 1]) plus the rates of each kind of answer, for the
+    strict reading and, prefixed ``lenient_``, the lenient one."""
+    metrics = window_metrics({"predicted": a["predicted"], "target": a["target"]} for a in answers)
+    lenient = window_metrics({"predicted": a["lenient"], "target": a["target"]} for a in answers)
+    count = len(answers)
+    unparseable = sum(a["predicted"] is None for a in answers)
+    degenerate = sum(a["degenerate"] for a in answers)
+    return {**metrics, "well_formed_rate": (count - unparseable) / count, "unparseable_rate": unparseable / count,
+            "degenerate_rate": degenerate / count,
+            **{f"lenient_{key}": value for key, value in lenient.items() if key not in COUNTS},
+            "lenient_readable_rate": sum(a["lenient"] is not None for a in answers) / count}
+
+
+COUNTS = ("moment_windows", "empty_windows", "num_samples")
+# What the keys of score() beyond window_metrics' measure (see definition()).
+ANSWER_DEFINITIONS = {
+    "well_formed_rate": "share of answers in the answer format (ascending a-b ranges in seconds, or none)",
+    "unparseable_rate": "share of answers not in the answer format; they score 0 (lower is better)",
+    "degenerate_rate": f"share of answers that repeat a token or a run of up to 4 tokens {REPEATS} times in a row, "
+                       "or do not end within verify.max_new_tokens (lower is better)",
+    "lenient_readable_rate": "share of answers in which the lenient reading finds ranges or a none",
+}
+
+
+def definition(metric: str) -> str:
+    """What a key of :func:`score` measures, for a report to put beside its value ("" if unknown)."""
+    strict = metric.removeprefix("lenient_")
+    if strict != metric and strict in WINDOW_METRIC_DEFINITIONS:
+        return f"{strict} with every answer read leniently (ranges found anywhere in the text, also in prose)"
+    return {**WINDOW_METRIC_DEFINITIONS, **ANSWER_DEFINITIONS}.get(metric, "")
+STEP = 0.1  # the answer format's resolution: constant ranges are searched on it
+
+
+def constant_baselines(rows: Iterable[dict]) -> dict:
+    """What answering every window alike scores: "none", the whole window, and the single range
+    (on the answer format's 0.1 s grid, within the shortest window) with the best mIoU."""
+    facts = [([tuple(r) for r in row["keep_local"]], row["window_end"] - row["window_start"]) for row in rows]
+    targets, lengths = [target for target, _ in facts], [length for _, length in facts]
+
+    def scored(answers):
+        return window_metrics({"predicted": answer, "target": target} for answer, target in zip(answers, targets))
+
+    # the search ranks candidates by their mIoU alone (what window_metrics' mIoU sums), then scores the best fully
+    moments = [target for target in targets if target]
+    grid = [round(k * STEP, 1) for k in range(int(min(lengths) / STEP + 1e-9) + 1)]
+    candidates = [(start, end) for start in grid for end in grid if end > start]
+    best_range = max(candidates, key=lambda candidate: sum(r1_iou(candidate, target) for target in moments))
+    return {"none": scored([[]] * len(facts)), "whole_window": scored([[(0.0, length)] for length in lengths]),
+            "best_constant_range": {"range": list(best_range), **scored([[best_range]] * len(facts))}}
+
+
+def evaluate(model, rows: Sequence[dict], tokenizer, video_processor, max_new_tokens: int,
+             think_block: str = "prompt") -> dict:
+    """Base (adapter disabled) and fine-tuned answers on the same windows, scored alike, beside the
+    constant answers' scores."""
+    with model.disable_adapter():
+        base = window_answers(model, rows, tokenizer, video_processor, max_new_tokens, think_block)
+    tuned = window_answers(model, rows, tokenizer, video_processor, max_new_tokens, think_block)
+    return {"windows": len(rows), "base": score(base), "fine_tuned": score(tuned),
+            # from what the first pass read: another pass would read every window's frames again
+            "baselines": constant_baselines([{"keep_local": answer["target"], "window_start": answer["window"][0],
+                                              "window_end": answer["window"][1]} for answer in base]),
+            "answers": [{"window_id": b["window_id"], "target": b["target"], "base": b["text"], "fine_tuned": t["text"]}
+                        for b, t in zip(base, tuned)]}
+
+
+def table(result: dict) -> str:
+    """Base, fine-tune and the constant answers, metric by metric ("-" where a metric has no windows)."""
+    baselines = result.get("baselines", {})
+    columns = [("base", result["base"]), ("fine-tuned", result["fine_tuned"]),
+               *((f"const {name}", metrics) for name, metrics in baselines.items())]
+    keys = [k for k in result["base"] if k not in COUNTS]
+
+    def cell(value):
+        return f"{value:>12.3f}" if isinstance(value, (int, float)) else f"{'-':>12}"
+
+    first = result["base"]
+    lines = [f"{first['moment_windows']} windows with something to keep (R1, mIoU, mAP), {first['empty_windows']} "
+             "with nothing (empty_accuracy, false_keep_rate)",
+             f"{'metric':<26}" + "".join(f"{name:>12}" for name, _ in columns)]
+    lines += [f"{key:<26}" + "".join(cell(metrics.get(key)) for _, metrics in columns) for key in keys]
+    if "best_constant_range" in baselines:
+        start, end = baselines["best_constant_range"]["range"]
+        lines.append(f"(const best_constant_range answers {start:.1f}-{end:.1f} everywhere)")
+    return "\n".join(lines)

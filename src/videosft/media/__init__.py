@@ -1,0 +1,1 @@
+"""Videos: decoding on a player's clock, stored frames, timelines and cuts."""

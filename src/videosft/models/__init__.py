@@ -1,0 +1,1 @@
+"""What differs between the model families, their checkpoints, and where LoRA goes."""

@@ -1,0 +1,236 @@
+"""Stage predict: new videos in, the cut list a video editor opens out.
+
+Each video is cut into windows by the window stage's rules (``window.*``; a ``drop`` tail is
+read as ``shift``, so that no second goes unjudged), every window's prompt is built by the same
+code as the training samples (:func:`videosft.encoding.samples.build_sample`: budget, layout, time base,
+chat template), the model answers greedily in left-padded batches with its KV cache
+(:func:`videosft.evaluation.generation.greedy_answers`, as in the verify stage's evaluation; bf16 on a GPU),
+each answer is parsed by the training format's parser, moved to source time and merged across
+overlapping windows (:mod:`videosft.evaluation.cutlist` states the rule). Per video it writes ``keep.json``
+(the source-time ranges; per window its answer, parse status, degeneracy and ranges) and
+the timeline as ``.otio``, ``.edl`` (CMX 3600) and ``.xml`` (Final Cut Pro 7), each clip
+referencing the source file; with ``predict.render: true`` also the cut video. A video that
+cannot be decoded, or a window that cannot be encoded, is recorded with its reason; the others
+go on. With ``predict.videos: val`` the windows are the window stage's val windows, and the
+merged ranges are scored against the annotations in source time (``evaluation.json``).
+
+    python -m videosft.stages.predict --config config.yaml --adapter results/train/adapter --out results/predict
+    python -m videosft.stages.predict --config config.yaml --out results/predict    # model.path merged (export)
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from pathlib import Path
+
+from ..kernels import autotune
+from .. import config as config_lib
+from ..encoding.budget import resolve_budget
+from ..encoding.chat import parse_answer
+from ..evaluation.cutlist import merge_votes, timeline, timeline_rate, to_source, write_timelines
+from ..encoding.samples import build_sample, processor_geometry
+from ..errors import ConfigError
+from ..evaluation.generation import greedy_answers, prompt_of
+from ..evaluation.metrics import source_time_metrics
+from ..provenance import exit_after, run_record, stage_parser, write_json
+from ..data.rejects import Rejects
+from ..media.timeline import resolve_video, window_bounds
+from ..media.video import VideoFile
+
+VIDEO_SUFFIXES = {".mp4", ".mov", ".mkv", ".avi", ".webm", ".m4v"}
+
+
+def videos_to_predict(cfg: dict, windows_path: Path | None) -> dict[tuple[str, str | None], list[dict] | None]:
+    """(video path, query) -> its windows (the window stage's, for ``val``) or None (cut here)."""
+    source = cfg["predict"]["videos"]
+    if source == "val":
+        if windows_path is None:
+            raise ConfigError("predict.videos is val: give --windows results/window/windows.parquet")
+        import pyarrow.parquet as pq
+
+        by_video: dict[tuple[str, str], list[dict]] = {}
+        for row in pq.ParquetFile(windows_path).read().to_pylist():
+            if row["split"] == "val":  # one cut list per video and query (QVHighlights has several)
+                path = str(resolve_video(Path(cfg["data"]["root"]), row["video"]))
+                by_video.setdefault((path, row["query"]), []).append(row)
+        return by_video
+    path = Path(source)
+    if path.is_dir():
+        return {(str(p), None): None for p in sorted(path.rglob("*")) if p.suffix.lower() in VIDEO_SUFFIXES}
+    if path.is_file():
+        return {(str(path), None): None}
+    raise ConfigError(f"predict.videos: {source} is neither val, a video file nor a folder")
+
+
+def cut_into_windows(video: VideoFile, name: str, cfg: dict) -> list[dict]:
+    window_cfg = cfg["window"]
+    tail = "shift" if window_cfg["tail"] == "drop" else window_cfg["tail"]
+    query = cfg["predict"]["query"] or cfg["prompt"]["default_query"]
+    return [{"window_id": f"{name}#{index}", "video": name, "query": query, "split": "predict",
+             "window_index": index, "window_start": start, "window_end": end, "keep_local": []}
+            for index, (start, end) in enumerate(window_bounds(video.duration, window_cfg["length"],
+                                                               window_cfg["stride"], tail))]
+
+
+def load_model(cfg: dict, adapter: Path | None):
+    """Base + adapter (merged into the weights for speed) or a merged checkpoint; bf16 on a GPU."""
+    import torch
+    from transformers import AutoConfig
+
+    from ..models.checkpoint import model_class
+
+    model_dir = Path(cfg["model"]["path"])
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    model = model_class(AutoConfig.from_pretrained(model_dir)).from_pretrained(model_dir, dtype=dtype,
+                                                                                device_map=device)
+    if adapter is not None:
+        from peft import PeftModel
+
+        model = PeftModel.from_pretrained(model, adapter).merge_and_unload()
+    return model.eval()
+
+
+def window_prompts(video: VideoFile, windows: list[dict], processor, cfg: dict,
+                   rejects: Rejects, timings: dict | None = None) -> tuple[list[dict], list[dict]]:
+    """Each window's prompt, made as its training sample is (the answer cut off), and a result
+    entry for it; a window that cannot be encoded goes to the rejects. ``timings`` gains the
+    seconds spent decoding frames ("decode") and making prompts of them ("preprocess")."""
+    budget, geometry = resolve_budget(cfg["video"]), processor_geometry(processor)
+    timings = {"decode": 0.0, "preprocess": 0.0} if timings is None else timings
+    prompts, results = [], []
+    for window in windows:
+        started = time.perf_counter()
+        try:
+            sample = build_sample({**window, "keep_local": []}, video, processor, cfg, budget, geometry)
+        except Exception as error:  # one bad window never loses the others
+            rejects.add(window["window_id"], error, video=window["video"])
+            continue
+        timings["decode"] += sample["decode_seconds"]
+        timings["preprocess"] += time.perf_counter() - started - sample["decode_seconds"]
+        prompts.append(prompt_of(sample))
+        results.append({"window_id": window["window_id"], "start": window["window_start"],
+                        "end": window["window_end"], "prompt_tokens": len(prompts[-1]["input_ids"])})
+    return prompts, results
+
+
+def predict_video(path: Path, windows: list[dict] | None, model, processor, cfg: dict, rejects: Rejects,
+                  timings: dict) -> dict | None:
+    """One video: its windows' answers and the merged source-time ranges, or None if it cannot be read."""
+    started = time.perf_counter()
+    try:
+        video = VideoFile(path)
+    except ValueError as error:
+        rejects.add(str(path), error)
+        return None
+    source_windows = windows or []
+    name = f"{windows[0]['video']}" + (f" [{windows[0]['query']}]" if windows[0]["query"] else "") if windows \
+        else path.name
+    windows = windows or cut_into_windows(video, path.name, cfg)
+    timings["open"] += time.perf_counter() - started
+    prompts, results = window_prompts(video, windows, processor, cfg, rejects, timings)
+    started = time.perf_counter()
+    answers = greedy_answers(model, prompts, processor.tokenizer, processor.video_processor,
+                             cfg["predict"]["max_new_tokens"],
+                             cfg["prompt"]["think_block"], cfg["predict"]["batch_size"])
+    for result, answer in zip(results, answers):
+        text, local = answer["answer"], parse_answer(answer["answer"])
+        result.update(answer=text, parsed=local is not None, degenerate=answer["degenerate"], ranges_local=local,
+                      ranges=None if local is None else to_source(local, result["start"], result["end"]))
+        if local is None:
+            rejects.add(result["window_id"], f"answer {text!r} is not in the answer format; the window "
+                        "abstains from the merge", video=name)
+    timings["generate"] += time.perf_counter() - started
+    ranges = merge_votes(results, cfg["predict"]["min_agreement"])
+    fps = float(video.reader.get_avg_fps())
+    return {"video": str(path), "name": name, "duration": video.duration, "fps": fps, "timeline_rate": timeline_rate(fps),
+            "ranges": ranges, "kept_seconds": sum(end - start for start, end in ranges),
+            "merge": {"min_agreement": cfg["predict"]["min_agreement"]}, "windows": results,
+            "source_windows": [{"window_id": w["window_id"], "keep_source": w.get("keep_source") or []}
+                               for w in source_windows]}
+
+
+def write_outputs(result: dict, out: Path, render: bool) -> dict[str, str]:
+    out.mkdir(parents=True, exist_ok=True)
+    write_json(out / "keep.json", result)
+    stem = Path(result["video"]).stem
+    files = write_timelines(timeline(Path(result["video"]), result["ranges"], result["timeline_rate"], result["duration"],
+                                     f"{stem} (videosft cut list)"), out, stem)
+    if render:
+        from ..media.render import render_cut
+
+        cut = render_cut(Path(result["video"]), result["ranges"], out / f"{stem}.cut.mp4")
+        if cut is not None:
+            files["mp4"] = str(cut)
+    return files
+
+
+def predict(cfg: dict, adapter: Path | None, windows_path: Path | None, out: Path, record: dict) -> None:
+    from transformers import AutoProcessor
+
+    videos = videos_to_predict(cfg, windows_path)
+    for stale in [*out.glob("[0-9][0-9][0-9][0-9]-*"), out / "evaluation.json"]:  # an earlier run's cut lists
+        shutil.rmtree(stale) if stale.is_dir() else stale.unlink(missing_ok=True)
+    processor = AutoProcessor.from_pretrained(cfg["model"]["path"])
+    started = time.perf_counter()
+    model = load_model(cfg, adapter)
+    # fla's autotuning choices for this GPU model: without them the first prompts autotune the
+    # kernels fla runs (8.6 s for one norm's key on an H200, bench/RESULTS.md)
+    autotuned = autotune.apply(model.device)
+    timings = {"load_model": time.perf_counter() - started, "open": 0.0, "decode": 0.0, "preprocess": 0.0, "generate": 0.0}
+    rejects = Rejects(out / "rejects.jsonl")
+    outputs, results = {}, []
+    for index, ((path, _query), windows) in enumerate(videos.items()):
+        result = predict_video(Path(path), windows, model, processor, cfg, rejects, timings)
+        if result is None:
+            continue
+        results.append(result)
+        outputs[result["name"]] = write_outputs(result, out / f"{index:04d}-{Path(path).stem}",
+                                                cfg["predict"]["render"])
+        print(f"predict: {result['name']}: {len(result['ranges'])} ranges, {result['kept_seconds']:.1f} of "
+              f"{result['duration']:.1f} s kept, {sum(not w.get('parsed', True) for w in result['windows'])} of "
+              f"{len(result['windows'])} answers unparseable", flush=True)
+    windows = sum(len(r["windows"]) for r in results)
+    record["results"] = {"source": cfg["predict"]["videos"], "model": cfg["model"]["path"],
+                         "adapter": None if adapter is None else str(adapter), "autotune": autotuned,
+                         "min_agreement": cfg["predict"]["min_agreement"],
+                         "videos": len(videos), "predicted": len(results), "windows": windows,
+                         "rejects": rejects.summary(), "outputs": outputs, "seconds": timings,
+                         "windows_per_second": windows / max(sum(timings.values()) - timings["load_model"], 1e-9)}
+    if cfg["predict"]["videos"] == "val":
+        record["results"]["evaluation"] = evaluate_in_source_time(results)
+        write_json(out / "evaluation.json", record["results"]["evaluation"])
+    write_json(out / "summary.json", record["results"])
+    if not results:
+        raise ConfigError(f"no video of predict.videos ({cfg['predict']['videos']}) could be read; see "
+                          f"{rejects.path}")
+
+
+def evaluate_in_source_time(results: list[dict]) -> dict:
+    """The merged source-time ranges against what the annotations keep, per video and query: the
+    window stage's keep ranges of the val windows, joined back into source time (so fragments it
+    dropped as shorter than window.min_fragment are not asked for)."""
+    from ..media.timeline import merge_ranges
+
+    predicted = {r["name"]: r["ranges"] for r in results}
+    targets = {r["name"]: merge_ranges([tuple(x) for w in r["source_windows"] for x in w["keep_source"]])[0]
+               for r in results}
+    return source_time_metrics(predicted, targets)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = stage_parser(__doc__)
+    parser.add_argument("--adapter", type=Path, help="adapter directory from the train stage; without it "
+                        "model.path is used as it is (a merged checkpoint from the export stage)")
+    parser.add_argument("--windows", type=Path, help="windows.parquet of the window stage (predict.videos: val)")
+    args = parser.parse_args(argv)
+    cfg = config_lib.load(args.config, "predict")
+    args.out.mkdir(parents=True, exist_ok=True)
+    with run_record("predict", args.out, cfg, args) as record:
+        predict(cfg, args.adapter, args.windows, args.out, record)
+    return 0
+
+
+if __name__ == "__main__":
+    exit_after(main)

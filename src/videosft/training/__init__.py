@@ -1,0 +1,1 @@
+"""Training's parts: batches, the data order, the memory plan."""

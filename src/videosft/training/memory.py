@@ -1,0 +1,271 @@
+"""Per-GPU peak memory of a LoRA + ZeRO-3 run, predicted before any GPU time is spent.
+
+The model follows the lecture's accounting (weights, gradients, Adam states per parameter, plus
+activations that grow with the sample), extended to ZeRO-3, LoRA and video:
+
+* base weights in the training precision, partitioned over the ranks, plus the small
+  "persistent" parameters every rank keeps whole;
+* the gathered working set: the largest block ZeRO-3 must assemble at once (a decoder layer, or
+  the embedding / LM head) plus the prefetch bucket; with whole-block gathering, the embedding and
+  a whole decoder layer;
+* LoRA: weights, gradients and fp32 Adam states (master, first and second moment): 2 + 2 + 12
+  bytes per trainable parameter in bf16, partitioned, plus the gradient reduce buffer;
+* activations of the longest sample: the checkpointed input of every decoder layer, one layer's
+  forward + backward working set during recomputation, the logits (only at supervised positions
+  when the trainer slices them, else every position), and the vision tower's forward under
+  ``no_grad`` (one block's buffers at a time);
+* allocator slack: reserved = allocated x ``RESERVED_OVER_ALLOCATED``.
+
+Coefficients that cannot be derived exactly (the working-set multipliers) are named constants,
+calibrated against measured peaks (bench/RESULTS.md), one pair per kernel set: transformers' torch
+forwards, flash-linear-attention's Gated-DeltaNet alone (``videosft.kernels.gated_deltanet``), or with the fused
+norms, SwiGLU and convolution too (``videosft.kernels.fused``).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from ..kernels.fused import ENV as FUSED_ENV
+from ..kernels.gated_deltanet import gpu_implementation
+
+GIB = 2**30
+# One recomputed layer's forward + backward working set over its forward activations (the
+# projections' outputs). Two would hold for plain attention layers; Qwen3.5's Gated-DeltaNet layers
+# in transformers' torch fallback keep fp32 chunk intermediates, and the slope of measured peaks
+# over sequence length on 2x H200 (Qwen3.5-4B, 64 and 128 frames, bench/RESULTS.md) gives 4.6.
+BACKWARD_OVER_FORWARD = 4.6
+# Caching allocator: reserved memory over the live peak (measured 1.085 and 1.094 in those runs).
+RESERVED_OVER_ALLOCATED = 1.09
+# The same two with flash-linear-attention's Gated-DeltaNet kernel but transformers' own norms,
+# SwiGLU and convolution (train.fused_kernels: torch): from the measured peak at 128 frames on 2x
+# H200 (9.96 GiB allocated, 11.46 reserved; bench/RESULTS.md), one point, so the layer factor also
+# absorbs the other components' error there. Checked on 11 runs, 16 to 384 frames, both DeepSpeed
+# profiles: within 15% of every peak (bench/RESULTS.md).
+UNFUSED_BACKWARD_OVER_FORWARD = 1.8
+UNFUSED_RESERVED_OVER_ALLOCATED = 1.15
+# fla everywhere (its Gated-DeltaNet and videosft.kernels.fused's kernels), the default on a GPU with fla: the
+# fused kernels keep fewer tensors for the backward pass. Fitted on two runs at 128 frames on 2x H200
+# under expandable segments (Qwen3.5-4B 10.51 / 10.78 GiB, Qwen3-VL-8B 15.54 / 15.88; bench/RESULTS.md).
+FLA_BACKWARD_OVER_FORWARD = 1.0
+FLA_RESERVED_OVER_ALLOCATED = 1.06
+COEFFICIENTS = {"torch": (BACKWARD_OVER_FORWARD, RESERVED_OVER_ALLOCATED),
+                "fla-unfused": (UNFUSED_BACKWARD_OVER_FORWARD, UNFUSED_RESERVED_OVER_ALLOCATED),
+                "fla": (FLA_BACKWARD_OVER_FORWARD, FLA_RESERVED_OVER_ALLOCATED)}
+# fp32 logits upcast + their gradient, on top of the logits in the training precision.
+LOGIT_EXTRA_BYTES = 8
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    """Sizes read off the model built on the meta device."""
+
+    parameters: int
+    vision_parameters: int
+    largest_layer_parameters: int
+    embedding_parameters: int  # input embedding (and the LM head when tied)
+    lm_head_parameters: int  # 0 when tied to the embedding
+    small_parameters: int  # parameters in tensors at or below the persistence threshold
+    layers: int
+    hidden: int
+    intermediate: int
+    attention_width: int  # q + k + v + o projection widths of a full-attention layer
+    vocab: int
+    vision_hidden: int
+    vision_intermediate: int
+    vision_heads: int
+    merge: int
+
+
+@dataclass(frozen=True)
+class SampleFacts:
+    input_tokens: int
+    visual_tokens: int
+    supervised_tokens: int
+    frames: int
+    # text tokens each further frame pair brings besides its visual tokens: its <t seconds> marker
+    # and vision start / end tokens (about 8 with Qwen3's markers)
+    text_per_pair: float = 0.0
+
+
+def model_facts(model, persistence_threshold: int) -> ModelFacts:
+    """Read the sizes the plan needs off a model (meta device is fine: only shapes are used)."""
+    import re
+
+    text = model.config.get_text_config()
+    vision = model.config.vision_config
+    layer_sizes: dict[str, int] = {}
+    vision_parameters = small = 0
+    for name, parameter in model.named_parameters():
+        count = parameter.numel()
+        if re.search(r"(^|\.)visual\.", name):
+            vision_parameters += count
+        if count <= persistence_threshold:
+            small += count
+        match = re.search(r"language_model\.layers\.(\d+)\.|^model\.layers\.(\d+)\.", name)
+        if match:
+            key = match.group(1) or match.group(2)
+            layer_sizes[key] = layer_sizes.get(key, 0) + count
+    embedding = model.get_input_embeddings().weight
+    head = model.get_output_embeddings().weight
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+    attention_width = head_dim * (2 * text.num_attention_heads + 2 * text.num_key_value_heads)
+    return ModelFacts(
+        parameters=sum(p.numel() for p in model.parameters()),
+        vision_parameters=vision_parameters,
+        largest_layer_parameters=max(layer_sizes.values(), default=0),
+        embedding_parameters=embedding.numel(),
+        lm_head_parameters=0 if head is embedding else head.numel(),
+        small_parameters=small,
+        layers=text.num_hidden_layers,
+        hidden=text.hidden_size,
+        intermediate=text.intermediate_size,
+        attention_width=attention_width,
+        vocab=text.vocab_size,
+        vision_hidden=vision.hidden_size,
+        vision_intermediate=vision.intermediate_size,
+        vision_heads=getattr(vision, "num_heads", None) or vision.num_attention_heads,
+        merge=vision.spatial_merge_size,
+    )
+
+
+def precision_bytes(precision: str) -> int:
+    return 4 if precision == "fp32" else 2
+
+
+def plan_peak(model: ModelFacts, sample: SampleFacts, trainable: int, world: int, ds_zero: dict,
+              precision: str = "bf16", sliced_logits: bool = True, checkpointing: bool = True,
+              kernels: str | None = None, offload_activations: bool = False,
+              whole_blocks: bool = False) -> dict:
+    """Predicted peak bytes per rank, by component (``kernels``: a key of ``COEFFICIENTS``, the
+    kernel set the run uses; None: as :func:`planned_kernels` says). ``ds_zero["offload_param"]``
+    on the host takes the weights' partition off the GPU; ``offload_activations`` the checkpointed layer inputs
+    (one comes back at a time, for its layer's recomputation); ``whole_blocks``: ZeRO-3 gathers
+    whole decoder layers (train.gather_whole_blocks)."""
+    kernels = kernels or planned_kernels()
+    backward_over_forward, reserved_over_allocated = COEFFICIENTS[kernels]
+    p = precision_bytes(precision)
+    prefetch = int(ds_zero.get("stage3_prefetch_bucket_size", 5e7))
+    max_live = int(ds_zero.get("stage3_max_live_parameters", 1e9))
+    reduce_bucket = int(ds_zero.get("reduce_bucket_size", 5e8))
+    largest_block = max(model.largest_layer_parameters, model.embedding_parameters, model.lm_head_parameters)
+    tokens = sample.input_tokens
+    patches = sample.visual_tokens * model.merge**2
+    layer_forward = tokens * p * (model.attention_width + 3 * model.intermediate + 4 * model.hidden)
+    if checkpointing:
+        kept_inputs = 1 if offload_activations else model.layers
+        activations = kept_inputs * tokens * model.hidden * p + backward_over_forward * layer_forward
+    else:
+        activations = model.layers * layer_forward
+    logit_positions = sample.supervised_tokens if sliced_logits else tokens
+    patches_per_frame_pair = patches / max(1, sample.frames // 2)
+    vision = patches * p * (4 * model.vision_hidden + model.vision_intermediate) + \
+        patches_per_frame_pair**2 * model.vision_heads * p
+    weights_on_host = ds_zero.get("offload_param", {}).get("device", "none") in ("cpu", "nvme")
+    if world == 1 and not weights_on_host:
+        # DeepSpeed hands each module its partition, which is the whole tensor: nothing is gathered
+        # (partition_parameters.py, NoGatherHandle)
+        gathered = 0
+    elif whole_blocks:
+        # whole blocks are gathered past the live limit, and the whole embedding (the tied LM head
+        # at the logits) is live beside a layer: the measured +1.39 GiB over per-module gathering on
+        # 2x H200 at 128 frames
+        gathered = largest_block + model.largest_layer_parameters
+    else:
+        gathered = min(max_live, largest_block + prefetch)  # the live limit caps per-module gathering
+    components = {
+        "weights_partitioned": 0 if weights_on_host else model.parameters * p / world,
+        "persistent_small_parameters": model.small_parameters * p * (world - 1) / world,
+        "gathered_working_set": gathered * p,
+        # under offload_param the rank's partition of the block being gathered is staged on the GPU
+        # for the all-gather (the largest: the embedding); fits the two measured offload peaks
+        # (bench/RESULTS.md) within 8%, where without it they were 8% and 20% low
+        "offload_staging": largest_block * p / world if weights_on_host else 0,
+        "lora_weights_grads_adam": trainable * (2 * p + 12) / world,
+        # with contiguous_gradients DeepSpeed allocates a whole reduce bucket up front (stage3.py, "IPG")
+        "gradient_reduce_buffer": (reduce_bucket if ds_zero.get("contiguous_gradients", True) else 0) * p
+        + min(reduce_bucket, trainable) * p,
+        "activations_checkpointed_layers": activations,
+        "embeddings_in_and_out": 2 * tokens * model.hidden * p,
+        "logits": logit_positions * model.vocab * (p + LOGIT_EXTRA_BYTES),
+        "vision_forward_no_grad": vision,
+    }
+    allocated = sum(components.values())
+    return {"components_gib": {k: v / GIB for k, v in components.items()},
+            "allocated_gib": allocated / GIB, "reserved_gib": allocated * reserved_over_allocated / GIB,
+            "kernels": kernels}
+
+
+def planned_kernels(fused: str = "auto") -> str:
+    """The kernel set a GPU run in this environment will use, for planning without a GPU or a model
+    (``fused``: train.fused_kernels; the environment variable wins, as in the run)."""
+    if gpu_implementation() == "torch":
+        return "torch"
+    return "fla-unfused" if (os.environ.get(FUSED_ENV) or fused) == "torch" else "fla"
+
+
+def sample_at_frames(sample: SampleFacts, frames: int) -> SampleFacts:
+    """The same sample with ``frames`` frames at its per-frame budget (and its per-pair markers)."""
+    pairs = max(1, sample.frames // 2)
+    visual = int(sample.visual_tokens / pairs * frames / 2)
+    text = sample.input_tokens - sample.visual_tokens + sample.text_per_pair * (frames / 2 - pairs)
+    return SampleFacts(visual + round(text), visual, sample.supervised_tokens, frames, sample.text_per_pair)
+
+
+def micro_batch(sample: SampleFacts, micro_batch_size: int = 1, pack_tokens: int | None = None) -> SampleFacts:
+    """The largest micro-batch the train stage forms from samples like ``sample``, as the one sequence the
+    plan sizes: ``micro_batch_size`` of them padded to the longest, or (``train.pack_tokens``) a pack
+    filled to its budget with the sample's mix of visual, text and supervised tokens. Frames scale
+    with the tokens, so each frame pair keeps its patches (the vision tower attends within a pair)."""
+    scale = pack_tokens / sample.input_tokens if pack_tokens else micro_batch_size
+    if scale == 1:
+        return sample
+    return SampleFacts(round(sample.input_tokens * scale), round(sample.visual_tokens * scale),
+                       round(sample.supervised_tokens * scale), max(2, round(sample.frames * scale)),
+                       sample.text_per_pair)
+
+
+def largest_frames(model: ModelFacts, sample: SampleFacts, trainable: int, world: int, ds_zero: dict,
+                   limit_gib: float, precision: str = "bf16", step: int = 2, cap: int = 4096,
+                   micro_batch_size: int = 1, pack_tokens: int | None = None, **options) -> int:
+    """Most frames per sample (a multiple of ``step``) whose micro-batch's predicted reserved peak stays
+    under ``limit_gib``, and whose sample still fits a pack's budget (``options``: plan_peak's
+    checkpointing and offload switches)."""
+    best = 0
+    frames = step
+    while frames <= cap:
+        scaled = sample_at_frames(sample, frames)
+        if pack_tokens and scaled.input_tokens > pack_tokens:
+            break
+        peak = plan_peak(model, micro_batch(scaled, micro_batch_size, pack_tokens), trainable, world, ds_zero,
+                         precision, **options)
+        if peak["reserved_gib"] > limit_gib:
+            break
+        best = frames
+        frames += step
+    return best
+
+
+def flowchart(model: ModelFacts, sample: SampleFacts, trainable: int, world: int, ds_zero: dict,
+              limit_gib: float, bf16_supported: bool = True) -> list[dict]:
+    """The lecture's decision chain, with the numbers behind each answer."""
+    precision = "bf16" if bf16_supported else "fp16"
+    steps = [{"question": "mixed precision?", "answer": precision,
+              "why": "always train in mixed precision; bf16 where the GPU supports it (Ampere and newer), "
+                     "else fp16 with loss scaling"}]
+    full_one = plan_peak(model, sample, model.parameters, 1, ds_zero, precision, checkpointing=False)
+    steps.append({"question": "full fine-tuning, batch 1, one GPU?", "predicted_gib": full_one["reserved_gib"],
+                  "answer": "fits" if full_one["reserved_gib"] <= limit_gib else "does not fit",
+                  "why": "16 bytes per parameter (weights, gradients, Adam) plus activations"})
+    full_zero3 = plan_peak(model, sample, model.parameters, world, ds_zero, precision)
+    steps.append({"question": f"full fine-tuning, ZeRO-3 over {world} GPUs, gradient checkpointing?",
+                  "predicted_gib": full_zero3["reserved_gib"],
+                  "answer": "fits" if full_zero3["reserved_gib"] <= limit_gib else "does not fit",
+                  "why": "ZeRO-3 partitions weights, gradients and optimizer states; activations are not partitioned"})
+    lora = plan_peak(model, sample, trainable, world, ds_zero, precision)
+    steps.append({"question": f"LoRA, ZeRO-3 over {world} GPUs, gradient checkpointing?",
+                  "predicted_gib": lora["reserved_gib"],
+                  "answer": "fits" if lora["reserved_gib"] <= limit_gib else "does not fit",
+                  "why": "only the adapters carry gradients and optimizer states"})
+    return steps

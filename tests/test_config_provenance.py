@@ -1,0 +1,124 @@
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from videosft import config as config_lib
+from videosft import provenance
+
+PROJECT = Path(__file__).resolve().parents[1]
+
+
+def test_our_defaults_match_snakemake_validate():
+    from snakemake.utils import validate
+
+    shipped = yaml.safe_load((PROJECT / "config.yaml").read_text())
+    ours = config_lib.resolve(shipped)
+    theirs = copy.deepcopy(shipped)
+    validate(theirs, str(config_lib.SCHEMA_PATH))
+    assert ours == theirs
+    assert config_lib.resolve({}) == ours, "config.yaml should only restate defaults"
+
+
+def test_bad_config_names_the_key():
+    with pytest.raises(ValueError, match="config key train/tail"):
+        config_lib.resolve({"train": {"tail": "sometimes"}})
+    with pytest.raises(ValueError, match="Additional properties"):
+        config_lib.resolve({"trian": {}})
+
+
+def test_stage_sections_are_all_a_stage_gets():
+    cfg = config_lib.stage_config("window", config_lib.resolve({}))
+    assert set(cfg) == {"data", "window"}
+    assert config_lib.load(json.dumps(cfg), "window") == cfg
+    assert config_lib.load(str(PROJECT / "config.yaml"), "window") == cfg
+
+
+def test_stage_sources_follow_imports():
+    def sources(stage):
+        return {path.relative_to(provenance.PACKAGE_DIR).as_posix() for path in provenance.stage_sources(stage)}
+
+    names = sources("train")
+    assert {"stages/train.py", "provenance.py", "config.py", "models/checkpoint.py", "models/lora.py",
+            "encoding/chat.py", "stages/__init__.py", "models/__init__.py"} <= names
+    assert "stages/verify.py" not in names and "stages/demo.py" not in names
+    assert sources("probe") >= {"stages/probe.py", "models/checkpoint.py", "models/lora.py"}
+
+
+def test_run_record_names_interpreter_versions_and_hashes(tmp_path, monkeypatch):
+    import sys
+
+    monkeypatch.setenv("VIDEO_MAX_TOKEN_NUM", "196")
+    monkeypatch.setenv("SLURM_JOB_ID", "42")
+    monkeypatch.setenv("VIDEOSFT_FUSED_KERNELS", "torch")  # every VIDEOSFT_* switch, not a list to keep up
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+    with provenance.run_record("window", tmp_path, {"window": {"length": 8}}) as record:
+        record["results"] = {"windows": 3}
+    saved = json.loads((tmp_path / "run_record.json").read_text())
+    assert saved["status"] == "ok" and saved["interpreter"] == sys.executable
+    assert saved["packages"]["torch"] and saved["packages"]["deepspeed"]
+    assert saved["sources"]["stages/window.py"] == provenance.sha256_file(
+        provenance.PACKAGE_DIR / "stages" / "window.py")
+    assert saved["env"]["VIDEO_MAX_TOKEN_NUM"] == "196" and saved["env"]["SLURM_JOB_ID"] == "42"
+    assert saved["env"]["VIDEOSFT_FUSED_KERNELS"] == "torch"
+    assert saved["env"]["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
+    assert saved["results"] == {"windows": 3}
+
+
+def test_a_failed_stage_records_the_error(tmp_path):
+    with pytest.raises(RuntimeError):
+        with provenance.run_record("window", tmp_path, {}):
+            raise RuntimeError("boom")
+    saved = json.loads((tmp_path / "run_record.json").read_text())
+    assert saved["status"] == "failed" and saved["error"] == "RuntimeError: boom"
+
+
+def test_stale_code_is_refused(tmp_path):
+    stale = [str(tmp_path / "old" / "videosft" / "window.py")]
+    with pytest.raises(provenance.StaleCodeError, match="pip install -e"):
+        provenance.check_code("window", stale)
+    provenance.check_code("window", [str(p) for p in provenance.stage_sources("window")])
+
+
+def test_a_stage_in_another_environment_fails_naming_both(tmp_path, monkeypatch):
+    upstream = tmp_path / "window.json"
+    with provenance.run_record("window", tmp_path / "w", {}) as _:
+        pass
+    record = json.loads((tmp_path / "w" / "run_record.json").read_text())
+    record["packages"]["torch"] = "2.0.0"
+    record["interpreter"] = "/opt/old-env/bin/python"
+    upstream.write_text(json.dumps(record))
+    args = type("Args", (), {"code": None, "job": "preprocess", "after": [str(upstream)]})()
+    with pytest.raises(provenance.EnvironmentMismatch) as error:
+        with provenance.run_record("preprocess", tmp_path / "p", {}, args):
+            pass
+    message = str(error.value)
+    assert "/opt/old-env/bin/python" in message and "2.0.0" in message and provenance.ALLOW_MIXED in message
+    import torch
+
+    assert torch.__version__.split("+")[0] in message or provenance.package_versions()["torch"] in message
+    monkeypatch.setenv(provenance.ALLOW_MIXED, "1")
+    with provenance.run_record("preprocess", tmp_path / "p", {}, args) as record:
+        pass
+    assert json.loads((tmp_path / "p" / "run_record.json").read_text())["snakemake_job"] == "preprocess"
+
+
+def test_diff_names_what_changed(tmp_path, capsys):
+    with provenance.run_record("window", tmp_path / "a", {"window": {"length": 8}}):
+        pass
+    a = json.loads((tmp_path / "a" / "run_record.json").read_text())
+    b = json.loads(json.dumps(a))
+    b["packages"]["transformers"] = "4.0.0"
+    b["config"]["window"]["length"] = 4
+    b["sources"]["window.py"] = "0" * 64
+    (tmp_path / "b.json").write_text(json.dumps(b))
+    assert provenance.main(["diff", str(tmp_path / "a" / "run_record.json"), str(tmp_path / "b.json")]) == 1
+    out = capsys.readouterr().out
+    for key in ("packages.transformers", "config.window.length", "sources.window.py"):
+        assert key in out
+    assert "started" not in out  # timings are not differences
+    assert provenance.main(["diff", str(tmp_path / "a" / "run_record.json"), str(tmp_path / "a" / "run_record.json")]) == 0

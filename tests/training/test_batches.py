@@ -1,0 +1,97 @@
+"""BatchesAhead: the batch announced is read and prepared on its thread, any other when taken."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+import torch
+from transformers.models.qwen3_vl.video_processing_qwen3_vl import Qwen3VLVideoProcessor
+
+from videosft.training.batches import BatchesAhead, collate
+from videosft.media.pixels import stored_frames
+
+# Qwen3-VL's video processor at its published geometry: two 32x32 frames make a 1x2x2 grid
+VIDEO_PROCESSOR = Qwen3VLVideoProcessor(patch_size=16, temporal_patch_size=2, merge_size=2)
+
+
+def sample(window_id: str, tokens: int, seed: int) -> dict:
+    frames = torch.from_numpy(np.random.default_rng(seed).integers(0, 256, (2, 3, 32, 32), dtype=np.uint8))
+    return {"window_id": window_id, "input_ids": list(range(1, tokens + 1)), "labels": [-100] * (tokens - 1) + [7],
+            "mm_token_type_ids": [0] + [2] * (tokens - 1), **stored_frames(frames),
+            "video_grid_thw": [1, 2, 2], "second_per_grid": None}
+
+
+class Store:
+    """Rows by position, noting which thread read which (the sample store's reader in training)."""
+
+    def __init__(self, rows: list[dict]):
+        self.rows, self.reads = rows, []
+
+    def __call__(self, positions: list[int]) -> list[dict]:
+        self.reads.append((threading.current_thread().name, list(positions)))
+        return [self.rows[p] for p in positions]
+
+
+class Recorder:
+    """A position function that notes which thread ran it and for which batch."""
+
+    def __init__(self, fail_on: str | None = None):
+        self.calls: list[tuple[str, int]] = []
+        self.fail_on = fail_on
+
+    def __call__(self, batch: dict):
+        length = batch["input_ids"].shape[1]
+        self.calls.append((threading.current_thread().name, length))
+        if self.fail_on and threading.current_thread().name.startswith(self.fail_on):
+            raise ValueError(f"positions failed for a batch of {length} tokens")
+        return torch.arange(length).expand(3, 1, length)
+
+
+def test_the_announced_batch_is_read_and_prepared_on_the_host_thread_and_equals_collate():
+    rows = [sample("a", 5, 0)]
+    positions, store = Recorder(), Store(rows)
+    batches = BatchesAhead(store, pad_id=0, video_processor=VIDEO_PROCESSOR, device=torch.device("cpu"),
+                           positions=positions)
+    batches.announce([0])
+    taken = batches.take([0])
+    batches.close()
+    assert [name.startswith("batches-ahead") for name, _ in positions.calls] == [True]
+    assert [(name.startswith("batches-ahead"), read) for name, read in store.reads] == [(True, [0])]
+    expected = collate(rows, 0, VIDEO_PROCESSOR)
+    assert set(taken) == set(expected) | {"position_ids"}
+    assert all(torch.equal(taken[key], expected[key]) for key in expected)
+    assert taken["pixel_values_videos"].dtype == torch.float16  # widened on the device by the model, not here
+
+
+def test_a_batch_other_than_the_announced_one_is_prepared_when_taken():
+    announced, wanted = [sample("a", 5, 0)], [sample("b", 9, 1)]
+    positions, store = Recorder(), Store(announced + wanted)
+    batches = BatchesAhead(store, pad_id=0, video_processor=VIDEO_PROCESSOR, device=torch.device("cpu"),
+                           positions=positions)
+    batches.announce([0])
+    taken = batches.take([1])
+    batches.close()
+    assert taken["input_ids"].shape == (1, 9)
+    assert torch.equal(taken["pixel_values_videos"], collate(wanted, 0, VIDEO_PROCESSOR)["pixel_values_videos"])
+    assert (threading.current_thread().name, 9) in positions.calls  # prepared in the caller's thread
+    assert (threading.current_thread().name, [1]) in store.reads
+
+
+def test_an_error_while_preparing_ahead_reaches_the_training_loop():
+    batches = BatchesAhead(Store([sample("a", 5, 0)]), pad_id=0, video_processor=VIDEO_PROCESSOR,
+                           device=torch.device("cpu"), positions=Recorder(fail_on="batches-ahead"))
+    batches.announce([0])
+    with pytest.raises(ValueError, match="positions failed for a batch of 5 tokens"):
+        batches.take([0])
+    batches.close()
+
+
+def test_without_a_position_function_the_model_computes_positions_itself():
+    batches = BatchesAhead(Store([sample("a", 5, 0), sample("b", 3, 1)]), pad_id=0, video_processor=VIDEO_PROCESSOR,
+                           device=torch.device("cpu"))
+    taken = batches.take([0, 1])
+    batches.close()
+    assert "position_ids" not in taken
+    assert taken["input_ids"].tolist()[1] == [1, 2, 3, 0, 0]  # padded to the longest

@@ -1,0 +1,166 @@
+"""The memory planner's arithmetic, checked by hand on round numbers."""
+
+from __future__ import annotations
+
+import pytest
+
+from videosft.training.memory import GIB, RESERVED_OVER_ALLOCATED, ModelFacts, SampleFacts, largest_frames, micro_batch, plan_peak, sample_at_frames, flowchart
+
+MODEL = ModelFacts(parameters=4_000_000_000, vision_parameters=400_000_000, largest_layer_parameters=100_000_000,
+                   embedding_parameters=600_000_000, lm_head_parameters=0, small_parameters=1_000_000, layers=32,
+                   hidden=2560, intermediate=9216, attention_width=8192, vocab=248_320, vision_hidden=1024,
+                   vision_intermediate=4096, vision_heads=16, merge=2)
+SAMPLE = SampleFacts(input_tokens=6_600, visual_tokens=6_272, supervised_tokens=180, frames=64)
+ZERO = {"stage3_prefetch_bucket_size": 50_000_000, "stage3_max_live_parameters": 1_000_000_000,
+        "reduce_bucket_size": 500_000_000, "stage3_param_persistence_threshold": 1_000_000}
+
+
+@pytest.fixture(autouse=True)
+def planned_for_torch_kernels(monkeypatch):
+    """The arithmetic below is checked with the torch kernels' coefficients, whether or not
+    flash-linear-attention is installed where the tests run."""
+    monkeypatch.setenv("VIDEOSFT_GATED_DELTANET", "torch")
+
+
+def test_the_plan_takes_the_kernels_this_environment_will_bind(monkeypatch):
+    import importlib.util
+
+    from videosft.training.memory import planned_kernels
+
+    assert planned_kernels() == "torch"  # asked for by the environment variable
+    monkeypatch.delenv("VIDEOSFT_GATED_DELTANET")
+    real = importlib.util.find_spec
+    for installed, expected in ((True, "fla"), (False, "torch")):
+        monkeypatch.setattr(importlib.util, "find_spec",
+                            lambda name, *a, installed=installed: (real("json") if installed else None)
+                            if name == "fla" else real(name, *a))
+        assert planned_kernels() == expected
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: real("json") if name == "fla" else real(name, *a))
+    assert planned_kernels("torch") == "fla-unfused"  # train.fused_kernels: torch
+
+
+def test_components_follow_the_lecture_and_zero3():
+    plan = plan_peak(MODEL, SAMPLE, trainable=10_000_000, world=2, ds_zero=ZERO)
+    parts = {k: v * GIB for k, v in plan["components_gib"].items()}
+    assert parts["weights_partitioned"] == pytest.approx(4e9 * 2 / 2)  # bf16, halved by two ranks
+    assert parts["lora_weights_grads_adam"] == pytest.approx(10e6 * 16 / 2)  # 16 bytes per trainable parameter
+    assert parts["gathered_working_set"] == pytest.approx((600e6 + 50e6) * 2)  # the embedding is the largest block
+    assert parts["logits"] == pytest.approx(180 * 248_320 * (2 + 8))  # supervised positions only
+    assert plan["reserved_gib"] == pytest.approx(plan["allocated_gib"] * RESERVED_OVER_ALLOCATED)
+    assert plan["allocated_gib"] == pytest.approx(sum(plan["components_gib"].values()))
+
+
+def test_one_rank_gathers_nothing_unless_its_weights_are_on_the_host():
+    on_gpu = plan_peak(MODEL, SAMPLE, 10_000_000, 1, ZERO, whole_blocks=True)["components_gib"]
+    on_host = plan_peak(MODEL, SAMPLE, 10_000_000, 1, {**ZERO, "offload_param": {"device": "cpu"}},
+                        whole_blocks=True)["components_gib"]
+    assert on_gpu["gathered_working_set"] == 0 and on_gpu["weights_partitioned"] * GIB == pytest.approx(8e9)
+    assert on_host["gathered_working_set"] * GIB == pytest.approx((600e6 + 100e6) * 2)  # copied to the GPU
+
+
+def test_more_ranks_less_memory_and_full_logits_cost_more():
+    one = plan_peak(MODEL, SAMPLE, 10_000_000, 1, ZERO)["allocated_gib"]
+    four = plan_peak(MODEL, SAMPLE, 10_000_000, 4, ZERO)["allocated_gib"]
+    assert four < one
+    full = plan_peak(MODEL, SAMPLE, 10_000_000, 2, ZERO, sliced_logits=False)["components_gib"]["logits"]
+    sliced = plan_peak(MODEL, SAMPLE, 10_000_000, 2, ZERO)["components_gib"]["logits"]
+    assert full == pytest.approx(sliced * 6_600 / 180)
+
+
+def test_frames_scale_the_visual_tokens_and_the_largest_count_fits():
+    doubled = sample_at_frames(SAMPLE, 128)
+    assert doubled.visual_tokens == 2 * SAMPLE.visual_tokens
+    assert doubled.input_tokens - doubled.visual_tokens == SAMPLE.input_tokens - SAMPLE.visual_tokens
+    frames = largest_frames(MODEL, SAMPLE, 10_000_000, 2, ZERO, limit_gib=12.0, step=16)
+    assert frames % 16 == 0 and frames > 0
+    assert plan_peak(MODEL, sample_at_frames(SAMPLE, frames), 10_000_000, 2, ZERO)["reserved_gib"] <= 12.0
+    assert plan_peak(MODEL, sample_at_frames(SAMPLE, frames + 16), 10_000_000, 2, ZERO)["reserved_gib"] > 12.0
+
+
+def test_the_plan_sizes_the_largest_micro_batch_padded_or_packed():
+    assert micro_batch(SAMPLE) == SAMPLE
+    padded = micro_batch(SAMPLE, micro_batch_size=3)
+    assert (padded.input_tokens, padded.visual_tokens, padded.supervised_tokens, padded.frames) == (
+        19_800, 18_816, 540, 192)
+    pack = micro_batch(SAMPLE, pack_tokens=16_500)  # 2.5 samples of the longest one's mix
+    assert (pack.input_tokens, pack.visual_tokens, pack.supervised_tokens, pack.frames) == (16_500, 15_680, 450, 160)
+    one, three, packed = (plan_peak(MODEL, s, 10_000_000, 2, ZERO) for s in (SAMPLE, padded, pack))
+    assert one["reserved_gib"] < packed["reserved_gib"] < three["reserved_gib"]
+    # the vision tower attends within a frame pair: packing more pairs adds patches, not a longer attention
+    assert pack.visual_tokens / (pack.frames // 2) == SAMPLE.visual_tokens / (SAMPLE.frames // 2)
+
+
+def test_the_largest_frame_count_is_per_sample_under_the_micro_batch_and_the_pack_budget():
+    alone = largest_frames(MODEL, SAMPLE, 10_000_000, 2, ZERO, limit_gib=12.0, step=16)
+    three = largest_frames(MODEL, SAMPLE, 10_000_000, 2, ZERO, limit_gib=12.0, step=16, micro_batch_size=3)
+    assert 0 < three < alone
+    assert plan_peak(MODEL, micro_batch(sample_at_frames(SAMPLE, three), 3), 10_000_000, 2, ZERO)["reserved_gib"] <= 12
+    # a pack of 8,000 tokens takes samples of at most 8,000 tokens, however much memory is left
+    frames = largest_frames(MODEL, SAMPLE, 10_000_000, 2, ZERO, limit_gib=1000.0, step=16, pack_tokens=8_000)
+    assert sample_at_frames(SAMPLE, frames).input_tokens <= 8_000 < sample_at_frames(SAMPLE, frames + 16).input_tokens
+
+
+def test_flowchart_walks_the_lecture_steps():
+    steps = flowchart(MODEL, SAMPLE, 10_000_000, 2, ZERO, limit_gib=12.0)
+    assert steps[0]["answer"] == "bf16"
+    assert steps[1]["answer"] == "does not fit"  # 4B x 16 bytes alone is 60 GiB
+    assert steps[-1]["question"].startswith("LoRA") and steps[-1]["predicted_gib"] < steps[2]["predicted_gib"]
+    assert flowchart(MODEL, SAMPLE, 10_000_000, 2, ZERO, 12.0, bf16_supported=False)[0]["answer"] == "fp16"
+
+
+def test_offloading_takes_weights_and_checkpointed_inputs_off_the_gpu():
+    base = plan_peak(MODEL, SAMPLE, 10_000_000, 2, ZERO)["components_gib"]
+    offloaded = plan_peak(MODEL, SAMPLE, 10_000_000, 2, {**ZERO, "offload_param": {"device": "cpu"}},
+                          offload_activations=True)["components_gib"]
+    assert offloaded["weights_partitioned"] == 0 and base["weights_partitioned"] * GIB == pytest.approx(4e9)
+    assert offloaded["offload_staging"] * GIB == pytest.approx(600e6 * 2 / 2) and base["offload_staging"] == 0
+    # 32 checkpointed layer inputs of 6,600 x 2,560 bf16 values; one stays for its recomputation
+    saved = (base["activations_checkpointed_layers"] - offloaded["activations_checkpointed_layers"]) * GIB
+    assert saved == pytest.approx(31 * 6_600 * 2_560 * 2)
+    options = {"checkpointing": True, "offload_activations": True}
+    more = largest_frames(MODEL, SAMPLE, 10_000_000, 2, {**ZERO, "offload_param": {"device": "cpu"}}, 12.0,
+                          step=16, **options)
+    assert more > largest_frames(MODEL, SAMPLE, 10_000_000, 2, ZERO, 12.0, step=16)
+
+
+def test_whole_blocks_gather_past_the_live_limit_beside_the_embedding():
+    capped = {**ZERO, "stage3_max_live_parameters": 100_000_000}
+    per_module = plan_peak(MODEL, SAMPLE, 10_000_000, 2, capped)["components_gib"]["gathered_working_set"]
+    whole = plan_peak(MODEL, SAMPLE, 10_000_000, 2, capped, whole_blocks=True)["components_gib"]
+    assert per_module * GIB == pytest.approx(100e6 * 2)  # the live limit caps per-module gathering
+    assert whole["gathered_working_set"] * GIB == pytest.approx((600e6 + 100e6) * 2)  # embedding + a layer
+    assert largest_frames(MODEL, SAMPLE, 10_000_000, 2, capped, 12, whole_blocks=True) < \
+        largest_frames(MODEL, SAMPLE, 10_000_000, 2, capped, 12)
+
+
+def test_the_run_plans_with_the_kernels_it_bound():
+    from videosft.training.memory import COEFFICIENTS
+    from videosft.stages.train import kernel_set
+
+    def bound(gdn, fused):
+        return {"gated_deltanet": {"implementation": gdn}, "fused": {"implementation": {"rms_norm": fused}}}
+
+    assert kernel_set(bound("fla", "fla")) == "fla"
+    assert kernel_set(bound("fla", "torch")) == "fla-unfused"
+    assert kernel_set(bound(None, "fla")) == "fla"  # Qwen3-VL: no Gated-DeltaNet, fused norms
+    assert kernel_set(bound("torch", "fla")) == "torch"  # the fallback's fp32 intermediates dominate
+    assert kernel_set(bound(None, "torch")) == "torch"
+    factors = {name: COEFFICIENTS[name][0] for name in ("torch", "fla-unfused", "fla")}
+    assert factors["torch"] > factors["fla-unfused"] > factors["fla"]  # fused kernels keep the least
+
+
+def test_the_train_record_plans_a_padded_micro_batch_whole():
+    import dataclasses
+    import types
+
+    from videosft.stages.train import memory_comparison
+
+    probe = {"memory": {"model_facts": dataclasses.asdict(MODEL)}, "lora": {"trainable_parameters": 10_000_000}}
+    index = [types.SimpleNamespace(**{key: getattr(SAMPLE, key) for key in
+                                      ("input_tokens", "visual_tokens", "supervised_tokens", "frames")})]
+    train_cfg = {"micro_batch_size": 3, "gradient_checkpointing": True, "offload_activations": False,
+                 "gather_whole_blocks": False}
+    got = memory_comparison(probe, index, 2, {"zero_optimization": ZERO}, "bf16", train_cfg,
+                            [[{"peak_allocated_gib": 1.0}], []], kernels="torch")
+    assert got["predicted"] == plan_peak(MODEL, micro_batch(SAMPLE, 3), 10_000_000, 2, ZERO, "bf16", kernels="torch")
+    assert got["predicted"]["reserved_gib"] > plan_peak(MODEL, SAMPLE, 10_000_000, 2, ZERO, kernels="torch")["reserved_gib"]
