@@ -243,8 +243,10 @@ timed_helper(gated_deltanet, "relative_errors", "gdn_relative_errors")
 timed_helper(fused, "relative_errors", "fused_relative_errors")
 
 _step = [0]
-_supervised_loss = train.supervised_loss
-_peak_memory = train.peak_memory
+steps = importlib.import_module("videosft.training.steps")
+train_logs = importlib.import_module("videosft.data.train_logs")
+_supervised_loss = steps.supervised_loss
+_logged_step = train_logs.RankLogs.step
 
 
 def supervised_loss(model, batch):
@@ -254,18 +256,18 @@ def supervised_loss(model, batch):
     return _supervised_loss(model, batch)
 
 
-def peak_memory(device):
-    result = _peak_memory(device)
+def logged_step(self, entry, memory_keys):
+    """The step's end: its peak memory is in the entry the train stage logs."""
     sync()
-    emit("step_end", step=_step[0], **result)
+    emit("step_end", step=_step[0], **{key: entry[key] for key in memory_keys})
     if _phase[-1].startswith("step"):
         _phase.pop()
     _step[0] += 1
-    return result
+    return _logged_step(self, entry, memory_keys)
 
 
-train.supervised_loss = supervised_loss
-train.peak_memory = peak_memory
+steps.supervised_loss = supervised_loss
+train_logs.RankLogs.step = logged_step
 
 
 def main() -> int:

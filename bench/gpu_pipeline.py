@@ -226,7 +226,7 @@ def main() -> None:
 
     results["train"] = {}
     for limit in args.limits:
-        run_cfg = {**cfg, "train": {**cfg["train"], "gpu_memory_gib": limit or None}}
+        run_cfg = {**cfg, "train": {**cfg["train"], "memory_cap_gib": limit or None}}
         out = samples_dir / f"train-{limit:g}-{variant}"
         try:
             seconds = run([sys.executable, "-m", "torch.distributed.run", "--standalone",

@@ -15,7 +15,7 @@ thinking chat template (tests/published.py). `run`, on the GPU machine:
 2. runs `snakemake --cores C results/probe/probe.json` with a config pointing at them and reads the
    plan's largest frame count for the GPUs under ``--gpu-memory-gib``;
 3. sets ``video.max_frames`` to it, caps every rank's memory at ``--gpu-memory-gib``
-   (``train.gpu_memory_gib``), and runs `snakemake --cores C` (window -> preprocess -> probe ->
+   (``train.memory_cap_gib``), and runs `snakemake --cores C` (window -> preprocess -> probe ->
    train -> verify -> report; ``--until train`` with ``--until``);
 4. with ``--predict``: `snakemake predict` on every video at each frame count given, from the
    trained adapter, and reads windows/s and the time split from predict's summary;
@@ -243,7 +243,7 @@ def pipeline(args, results: dict) -> None:
         "video": {"fps": 2.0, "min_frames": 4, "max_frames": args.probe_frames, "min_tokens": min(64, args.tokens_per_frame_pair),
                   "max_tokens": args.tokens_per_frame_pair},
         "preprocess": {"shards": 4},
-        "train": {"steps": args.steps, "gpu_memory_gib": args.gpu_memory_gib,
+        "train": {"steps": args.steps, "memory_cap_gib": args.gpu_memory_gib,
                   "deepspeed_config": str(ROOT / "workflow/deepspeed/zero3.json")},
         "memory": {"gpu_memory_gib": args.gpu_memory_gib, "world_sizes": [args.gpus]},
         "verify": {"eval_windows": 4, "max_new_tokens": 32, "forward_samples": 2},

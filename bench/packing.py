@@ -160,7 +160,7 @@ def build(config, device, dtype, longest: int, opts):
     from videosft.models.checkpoint import model_class
     from videosft.kernels.fused import select_fused_kernels
     from videosft.kernels.gated_deltanet import select_gated_delta_rule
-    from videosft.stages.train import add_lora, enable_checkpointing
+    from videosft.training.setup import add_lora, enable_checkpointing
     from videosft.kernels.vision_attention import batch_vision_attention
 
     torch.manual_seed(0)
@@ -189,7 +189,7 @@ def build_savvy(config, device, dtype, opts):
     from videosft import config as config_lib
     from videosft.models.checkpoint import model_class
     from videosft.kernels.gated_deltanet import bypass_hopper_guard, fla_status
-    from videosft.stages.train import target_module_names
+    from videosft.models.lora import target_module_names
 
     if device.type == "cuda" and fla_status().get("importable"):
         bypass_hopper_guard()  # fla refuses its backward on Hopper with this Triton unless told otherwise
@@ -215,7 +215,7 @@ def model_loss(model, batch):
 def check_same_losses(model, rows, pack, video_processor, positions, device) -> dict:
     """The first pack's per-token losses against each of its samples alone, on the device."""
     from videosft.training.batches import prepare
-    from videosft.stages.train import token_losses
+    from videosft.training.loss import token_losses
 
     def on_device(batch):
         return {key: value.to(device) for key, value in batch.items()}
@@ -261,7 +261,7 @@ def write_step_profile(profiler, device, directory: Path, name: str, seconds: fl
     """The profiled micro-batch's operator table and timeline in ``directory``; its timeline's summary."""
     import trace_summary
 
-    from videosft.stages.train import write_profile
+    from videosft.training.profiling import write_profile
 
     directory.mkdir(parents=True, exist_ok=True)
     table = directory / f"{name}.txt"
@@ -277,7 +277,8 @@ def run_mode(name, batches_of, rows, model, optimizer, video_processor, position
 
     from videosft.kernels import attention_backends
     from videosft.training.batches import BatchesAhead, tokens_in
-    from videosft.stages.train import start_profiler, supervised_loss
+    from videosft.training.profiling import start_profiler
+    from videosft.training.loss import supervised_loss
 
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)

@@ -90,9 +90,9 @@ local = int(os.environ["LOCAL_RANK"])
 gpu = torch.cuda.is_available()
 if gpu:
     torch.cuda.set_device(local)
-    if options["gpu_memory_gib"]:
+    if options["memory_cap_gib"]:
         total = torch.cuda.get_device_properties(local).total_memory
-        torch.cuda.set_per_process_memory_fraction(min(1.0, options["gpu_memory_gib"] * 2**30 / total), local)
+        torch.cuda.set_per_process_memory_fraction(min(1.0, options["memory_cap_gib"] * 2**30 / total), local)
 deepspeed.init_distributed("nccl" if gpu else "gloo", timeout=datetime.timedelta(seconds=600))
 rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
 ds = json.loads(Path(options["deepspeed_config"]).read_text())
@@ -225,7 +225,7 @@ class Bench:
             "video": {"fps": frames / seconds, "min_frames": 4, "max_frames": frames, "min_tokens": 4,
                       "max_tokens": 196},
             "train": {"steps": self.args.steps, "deepspeed_config": str(DEFAULT), "timeout_s": 600,
-                      "gpu_memory_gib": limit_gib or None},
+                      "memory_cap_gib": limit_gib or None},
             "memory": {"gpu_memory_gib": limit_gib or 12.0}})
         data = self.args.work / f"samples-{frames}"
         manifest = data / "manifest.json"
@@ -257,7 +257,7 @@ class Bench:
         if spec["kind"] == "baseline":
             script = self.args.work / "baseline_train.py"
             script.write_text(BASELINE)
-            options = {"gdn": spec["gdn"], "deepspeed_config": str(ds_file), "gpu_memory_gib": limit_gib,
+            options = {"gdn": spec["gdn"], "deepspeed_config": str(ds_file), "memory_cap_gib": limit_gib,
                        "seed": cfg["train"]["seed"], "tail": cfg["train"]["tail"]}
             command = [str(script), str(self.model_dir), str(manifest), str(out), str(steps), str(ROOT / "src"),
                        json.dumps(options)]

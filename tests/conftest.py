@@ -259,7 +259,7 @@ def check_host_positions(model_dir: Path, rows: list[dict]) -> None:
     from videosft.training.batches import collate, host_positions, prepare
     from videosft.media.pixels import load_video_processor
     from videosft.models.checkpoint import model_class
-    from videosft.stages.train import supervised_loss
+    from videosft.training.loss import supervised_loss
 
     model = model_class(AutoConfig.from_pretrained(model_dir)).from_pretrained(model_dir, dtype=torch.float32)
     video_processor = load_video_processor(model_dir)

@@ -5,6 +5,7 @@ import json
 from pathlib import Path
 
 import pytest
+from typing import Optional
 import yaml
 
 from videosft import config as config_lib
@@ -34,8 +35,24 @@ def test_bad_config_names_the_key():
 def test_stage_sections_are_all_a_stage_gets():
     cfg = config_lib.stage_config("window", config_lib.resolve({}))
     assert set(cfg) == {"data", "window"}
-    assert config_lib.load(json.dumps(cfg), "window") == cfg
-    assert config_lib.load(str(PROJECT / "config.yaml"), "window") == cfg
+    assert config_lib.plain(config_lib.load(json.dumps(cfg), "window")) == cfg
+    assert config_lib.plain(config_lib.load(str(PROJECT / "config.yaml"), "window")) == cfg
+
+
+def test_a_view_has_exactly_the_schemas_keys_typed_and_read_only():
+    import dataclasses
+
+    cfg = config_lib.load(json.dumps(config_lib.stage_config("probe", config_lib.resolve({}))), "probe")
+    assert cfg.train.micro_batch_size == 1 and cfg.memory.world_sizes == [1, 2, 4]
+    assert set(config_lib.plain(cfg.train)) == set(config_lib.MEMORY_PLAN_KEYS)  # probe reads only these
+    with pytest.raises(AttributeError):
+        cfg.train.steps  # not a key the probe reads: an error where it is read, never None
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.train.micro_batch_size = 2
+    demo = config_lib.section("demo", {"model": {"layers": 2}})
+    assert demo.model.layers == 2 and demo.model.hidden_size == 64  # nested sections are views too
+    types = {field.name: field.type for field in dataclasses.fields(config_lib.section("train"))}
+    assert types["pack_tokens"] == Optional[int] and types["steps"] is int and types["lr"] is float
 
 
 def test_stage_sources_follow_imports():

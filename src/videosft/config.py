@@ -1,14 +1,21 @@
-"""Configuration: the JSON schema with defaults, and the sections each stage reads.
+"""Configuration: the JSON schema with defaults, the sections each stage reads, and typed views of them.
 
 Snakemake validates ``config.yaml`` against ``workflow/schemas/config.schema.yaml`` and passes
 each stage only the sections it reads (``STAGE_SECTIONS``), as JSON on the command line. Run
 by hand, a stage takes the path of a YAML file instead and gets the same defaults from here.
+
+A stage reads its config through a view (:func:`load`): a frozen object whose attributes are
+exactly the schema's keys (``cfg.train.micro_batch_size``), made from the schema itself, so the
+defaults live in one place and a misspelt key fails where it is read instead of reading ``None``.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import json
 from pathlib import Path
+from typing import Any, Optional
 
 import jsonschema
 import yaml
@@ -18,15 +25,18 @@ from .errors import ConfigError
 PROJECT_DIR = Path(__file__).resolve().parents[2]
 SCHEMA_PATH = PROJECT_DIR / "workflow" / "schemas" / "config.schema.yaml"
 
+# The train keys that shape the memory peak: what the probe's plan reads (so that e.g. changing
+# train.steps keeps the probe) and what the train stage's own prediction is made from.
+MEMORY_PLAN_KEYS = ("precision", "gradient_checkpointing", "offload_activations", "gather_whole_blocks",
+                    "fused_kernels", "deepspeed_config", "micro_batch_size", "pack_tokens")
+
 # Which config sections each stage reads. Editing a section reruns exactly these stages
 # (and, through their outputs, the stages after them).
 STAGE_SECTIONS = {
     "demo": ["demo", "prompt:system"],  # the system line is also the pretraining's (demo.pretrain)
     "window": ["data", "window"],
     "preprocess": ["data", "model", "video", "prompt", "preprocess"],
-    # the memory plan needs only what shapes the peak, so changing e.g. train.steps keeps the probe
-    "probe": ["model", "lora", "memory", "train:precision,gradient_checkpointing,offload_activations,"
-              "gather_whole_blocks,fused_kernels,deepspeed_config,micro_batch_size,pack_tokens"],
+    "probe": ["model", "lora", "memory", "train:" + ",".join(MEMORY_PLAN_KEYS)],
     "train": ["model", "lora", "train"],
     "verify": ["model", "verify"],
     "report": ["report"],  # and the other stages' outputs
@@ -35,8 +45,13 @@ STAGE_SECTIONS = {
 }
 
 
-def _fill_defaults(schema: dict, instance: dict) -> None:
-    for key, subschema in schema.get("properties", {}).items():
+@functools.cache
+def schema() -> dict:
+    return yaml.safe_load(SCHEMA_PATH.read_text())
+
+
+def _fill_defaults(schema_: dict, instance: dict) -> None:
+    for key, subschema in schema_.get("properties", {}).items():
         if key not in instance and "default" in subschema:
             instance[key] = json.loads(json.dumps(subschema["default"]))
         if isinstance(instance.get(key), dict) and subschema.get("type") == "object":
@@ -45,11 +60,10 @@ def _fill_defaults(schema: dict, instance: dict) -> None:
 
 def resolve(config: dict | None) -> dict:
     """Validate a config dict and fill every default from the schema."""
-    schema = yaml.safe_load(SCHEMA_PATH.read_text())
     config = json.loads(json.dumps(config or {}))
-    _fill_defaults(schema, config)
+    _fill_defaults(schema(), config)
     try:
-        jsonschema.validate(config, schema)
+        jsonschema.validate(config, schema())
     except jsonschema.ValidationError as error:
         where = "/".join(str(p) for p in error.absolute_path) or "(top level)"
         raise ConfigError(f"config key {where}: {error.message}; see {SCHEMA_PATH.relative_to(PROJECT_DIR)} for "
@@ -66,8 +80,82 @@ def stage_config(stage: str, config: dict) -> dict:
     return picked
 
 
-def load(argument: str, stage: str) -> dict:
-    """A stage's ``--config``: inline JSON (from Snakemake) or the path of a YAML file."""
+# ---------------------------------------------------------------- views
+
+_TYPES = {"integer": int, "number": float, "string": str, "boolean": bool, "array": list, "object": dict}
+
+
+class View:
+    """Base of the generated section views: read-only attributes, and the plain dict back for records."""
+
+    def as_dict(self) -> dict:
+        return {field.name: _plain(getattr(self, field.name)) for field in dataclasses.fields(self)}
+
+    def replace(self, **changes) -> "View":
+        """A copy with some keys changed, as given: not validated again (stages never change their config;
+        tools and tests that vary one key do)."""
+        return dataclasses.replace(self, **changes)
+
+
+def _plain(value: Any) -> Any:
+    return value.as_dict() if isinstance(value, View) else value
+
+
+def _annotation(subschema: dict):
+    kinds = subschema.get("type", "object")
+    kinds = kinds if isinstance(kinds, list) else [kinds]
+    types = [_TYPES[kind] for kind in kinds if kind != "null"]
+    annotation = types[0] if len(types) == 1 else Any
+    return Optional[annotation] if "null" in kinds else annotation
+
+
+@functools.cache
+def _view_class(path: tuple[str, ...], keys: tuple[str, ...] | None = None) -> type:
+    """The view class of the schema object at ``path`` (only ``keys`` of it, when given)."""
+    node = schema()
+    for name in path:
+        node = node["properties"][name]
+    names = keys or tuple(node["properties"])
+    fields = [(name, _annotation(node["properties"][name])) for name in names]
+    title = "".join(part.title().replace("_", "") for part in path) or "Config"
+    return dataclasses.make_dataclass(f"{title}View", fields, bases=(View,), frozen=True)
+
+
+def _view(path: tuple[str, ...], values: dict, keys: tuple[str, ...] | None = None) -> View:
+    node = schema()
+    for name in path:
+        node = node["properties"][name]
+    built = {}
+    for name, value in values.items():
+        child = node["properties"][name]
+        built[name] = _view((*path, name), value) if child.get("type") == "object" and "properties" in child \
+            else value
+    return _view_class(path, keys)(**built)
+
+
+def view(sections: dict) -> View:
+    """A typed view of config sections as :func:`stage_config` picks them (defaults already filled)."""
+    built = {}
+    for name, values in sections.items():
+        full = set(schema()["properties"][name]["properties"])
+        keys = None if set(values) == full else tuple(values)
+        built[name] = _view((name,), values, keys)
+    return dataclasses.make_dataclass("StageConfig", [(name, View) for name in built], bases=(View,),
+                                      frozen=True)(**built)
+
+
+def section(name: str, overrides: dict | None = None) -> View:
+    """One whole section's view, defaults filled and validated: for library calls outside a stage."""
+    return _view((name,), resolve({name: overrides or {}})[name])
+
+
+def for_stage(stage: str, overrides: dict | None = None) -> View:
+    """The view ``stage`` gets from a config of ``overrides`` and the defaults."""
+    return view(stage_config(stage, resolve(overrides)))
+
+
+def load(argument: str, stage: str) -> View:
+    """A stage's ``--config``: inline JSON (from Snakemake) or the path of a YAML file, as its view."""
     if argument.lstrip().startswith("{"):
         config = json.loads(argument)
     else:
@@ -75,4 +163,9 @@ def load(argument: str, stage: str) -> dict:
         if not path.exists():
             raise ConfigError(f"config file {path} not found; give the path of a YAML config file, or inline JSON")
         config = yaml.safe_load(path.read_text()) or {}
-    return stage_config(stage, resolve(config))
+    return for_stage(stage, config)
+
+
+def plain(config: Any) -> Any:
+    """A view (or anything else) as plain JSON data: what run records store and hash."""
+    return _plain(config)

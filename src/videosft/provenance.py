@@ -298,6 +298,7 @@ def _now() -> str:
 
 
 def base_record(stage: str, config: Any) -> dict[str, Any]:
+    config = config.as_dict() if hasattr(config, "as_dict") else config  # a typed view (videosft.config)
     return {
         "stage": stage,
         "status": "running",

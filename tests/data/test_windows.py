@@ -11,6 +11,7 @@ import pytest
 from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
+from videosft import config as config_lib
 from videosft.media.timeline import merge_ranges, resolve_video, window_bounds
 from videosft.stages.window import Realigned, assign_splits, parse_annotation, realign
 
@@ -21,7 +22,7 @@ EPS = 1e-6  # window_bounds keeps times to the microsecond; lengths may differ f
 FITS = 1e-9  # window_bounds counts a window that overshoots the end by less than this as fitting
 ROUNDTRIP = 1e-9  # float slack for local + start vs source in the property tests (exact check: below)
 
-DATA = {"format": "videosft", "video_suffix": ".mp4"}  # the data config parse_annotation reads
+DATA = config_lib.section("data")  # the data config parse_annotation reads
 
 
 # --------------------------------------------------------------------------------------------

@@ -9,6 +9,7 @@ import pytest
 from qwen_vl_utils import vision_process as qv
 
 from videosft.encoding import budget as B
+from videosft import config as config_lib
 from videosft.encoding.budget import Budget, frame_count, frame_size, pixel_bounds, plan, resolve_budget
 
 CASES = 1500  # per patch size, per differential test
@@ -248,7 +249,7 @@ def test_plan_too_short_clip_raises():
 # --------------------------------------------------------------------------------------------
 # resolve_budget
 
-VIDEO_CFG = {"fps": 2, "min_frames": 4, "max_frames": 16, "min_tokens": 4, "max_tokens": 16}
+VIDEO_CFG = config_lib.section("video", {"fps": 2, "min_frames": 4, "max_frames": 16, "min_tokens": 4, "max_tokens": 16})
 
 
 def test_resolve_budget_from_config():
@@ -318,4 +319,4 @@ def test_resolve_budget_min_above_max(environ, named):
 
 def test_resolve_budget_config_min_frames_above_max():
     with pytest.raises(ValueError, match="min_frames"):
-        resolve_budget({**VIDEO_CFG, "min_frames": 20}, environ={})
+        resolve_budget(VIDEO_CFG.replace(min_frames=20), environ={})

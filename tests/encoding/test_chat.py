@@ -4,6 +4,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from videosft import config as config_lib
 from videosft.encoding.chat import IGNORE_INDEX, assistant_labels, messages, parse_answer, prompt_timestamps, render_answer
 
 
@@ -27,7 +28,7 @@ def test_nothing_to_keep_has_an_explicit_answer():
 
 
 def test_messages_put_the_video_before_the_instruction():
-    cfg = {"system": "S", "instruction": "Find {query}.", "default_query": "it"}
+    cfg = config_lib.section("prompt", {"system": "S", "instruction": "Find {query}.", "default_query": "it"})
     turns = messages(cfg, None, "1.0-2.0")
     assert [t["role"] for t in turns] == ["system", "user", "assistant"]
     assert turns[1]["content"] == [{"type": "video"}, {"type": "text", "text": "Find it."}]
@@ -39,7 +40,7 @@ def test_labels_cover_only_the_assistant_answer(demo_dir):
 
     processor = AutoProcessor.from_pretrained(demo_dir / "model")
     tokenizer = processor.tokenizer
-    cfg = {"system": "S", "instruction": "I", "default_query": "q"}
+    cfg = config_lib.section("prompt", {"system": "S", "instruction": "I", "default_query": "q"})
     text = processor.apply_chat_template(messages(cfg, None, "1.5-3.0"), tokenize=False)
     ids = tokenizer(text, add_special_tokens=False)["input_ids"]
     labels = assistant_labels(ids, tokenizer, "1.5-3.0")

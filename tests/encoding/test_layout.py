@@ -24,12 +24,12 @@ def first_window(prepared: Path) -> dict:
 
 
 def sample_for(model_dir: Path, demo_config: dict, prepared: Path, video_layout: str = "blocks") -> tuple[dict, object]:
-    cfg = config_lib.stage_config("preprocess", config_lib.resolve(
-        {**demo_config, "model": {"path": str(model_dir)}, "prompt": {"video_layout": video_layout}}))
+    cfg = config_lib.for_stage("preprocess", {**demo_config, "model": {"path": str(model_dir)},
+                                              "prompt": {"video_layout": video_layout}})
     processor = AutoProcessor.from_pretrained(model_dir)
     window = first_window(prepared)
-    video = VideoFile(Path(cfg["data"]["root"]) / window["video"])
-    sample = build_sample(window, video, processor, cfg, resolve_budget(cfg["video"]), processor_geometry(processor))
+    video = VideoFile(Path(cfg.data.root) / window["video"])
+    sample = build_sample(window, video, processor, cfg, resolve_budget(cfg.video), processor_geometry(processor))
     return sample, processor
 
 
@@ -68,7 +68,7 @@ def test_preprocess_writes_the_layout_token_for_token(family, video_layout, demo
     model_dir = {"qwen3_5": demo_dir / "model", "qwen3_vl": qwen3vl_dir, "qwen2_5_vl": qwen25_dir}.get(family) \
         or request.getfixturevalue({"published_qwen3_5": "published_qwen35", "published_qwen3_vl": "published_qwen3vl"}[family])
     sample, processor = sample_for(model_dir, demo_config, prepared, video_layout)
-    prompt = config_lib.resolve({})["prompt"]
+    prompt = config_lib.section("prompt")
     expected_layout = "single" if family == "qwen2_5_vl" else video_layout
     assert sample["input_ids"] == ids_by_the_rules(sample, processor, prompt, expected_layout)
     starts = sample["input_ids"].count(processor.tokenizer.convert_tokens_to_ids(layout.VIDEO_START))

@@ -19,14 +19,14 @@ def val_prompts(prepared, demo_config, rejects: Rejects) -> list[dict]:
     import pyarrow.parquet as pq
     from transformers import AutoProcessor
 
-    cfg = config_lib.stage_config("predict", config_lib.resolve(demo_config))
-    processor = AutoProcessor.from_pretrained(cfg["model"]["path"])
+    cfg = config_lib.for_stage("predict", demo_config)
+    processor = AutoProcessor.from_pretrained(cfg.model.path)
     windows = pq.read_table(prepared / "window" / "windows.parquet").to_pylist()
     windows = [window for window in windows if window["split"] == "val"]
     queries = ["the ball", "the red ball", "the red ball in the middle of the frame", "a red ball moving fast"]
     prompts = []
     for window, query in zip(windows, queries):
-        path = resolve_video(Path(cfg["data"]["root"]), window["video"])
+        path = resolve_video(Path(cfg.data.root), window["video"])
         made, _ = predict.window_prompts(VideoFile(path), [{**window, "query": query}], processor, cfg, rejects)
         prompts += made
     return prompts

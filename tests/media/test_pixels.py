@@ -27,8 +27,8 @@ def model_dir(request, demo_dir) -> Path:
 
 def test_the_model_receives_the_processors_pixels_from_a_quarter_of_the_bytes(model_dir, demo_dir, tmp_path):
     processor = AutoProcessor.from_pretrained(model_dir)
-    cfg = config_lib.resolve({"video": {"max_tokens": 64}})
-    budget, geometry = resolve_budget(cfg["video"], environ={}), encoding.processor_geometry(processor)
+    cfg = config_lib.for_stage("preprocess", {"video": {"max_tokens": 64}})
+    budget, geometry = resolve_budget(cfg.video, environ={}), encoding.processor_geometry(processor)
     window = {"window_id": "w0", "split": "train", "video": "video_000.mp4", "query": "the red ball",
               "window_start": 2.0, "window_end": 10.0, "keep_local": [[2.0, 3.0]]}
     video = VideoFile(demo_dir / "videos" / window["video"])

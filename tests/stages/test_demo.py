@@ -17,8 +17,8 @@ def processor(demo_dir):
     return AutoProcessor.from_pretrained(demo_dir / "model")
 
 
-def demo_cfg(**pretrain) -> dict:
-    return config_lib.resolve({"demo": {"pretrain": pretrain}})["demo"]
+def demo_cfg(**pretrain) -> config_lib.View:
+    return config_lib.section("demo", {"pretrain": pretrain})
 
 
 def test_a_pretraining_answer_lists_the_marked_times_of_the_pairs_with_the_ball(processor):

@@ -10,7 +10,7 @@ from safetensors.torch import load_file
 from torch.autograd.graph import saved_tensors_hooks
 
 from conftest import PROJECT, run_torchrun, stage_json
-from videosft.stages.train import enable_checkpointing
+from videosft.training.setup import enable_checkpointing
 
 
 def loss_and_saved_states(model_dir, offload: bool):

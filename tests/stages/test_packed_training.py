@@ -12,7 +12,7 @@ from conftest import run_torchrun
 from test_train_policies import DIE_WHILE_SAVING, record_of, train_args, with_train
 from videosft.errors import ConfigError
 from videosft.data.sample_store import read_samples
-from videosft.stages.train import check_packing
+from videosft.training.setup import check_packing
 
 
 def test_packed_training_reads_every_sample_and_a_killed_run_resumes_exactly(prepared, demo_config, tmp_path):

@@ -43,8 +43,8 @@ def adapter(demo_dir, tmp_path_factory) -> Path:
     return out
 
 
-def predict_cfg(demo_config: dict, **predict_cfg) -> dict:
-    return config_lib.stage_config("predict", config_lib.resolve({**demo_config, "predict": predict_cfg}))
+def predict_cfg(demo_config: dict, **predict_cfg) -> config_lib.View:
+    return config_lib.for_stage("predict", {**demo_config, "predict": predict_cfg})
 
 
 def test_predict_feeds_the_model_the_training_prompt_of_each_window(prepared, demo_config):
@@ -53,7 +53,7 @@ def test_predict_feeds_the_model_the_training_prompt_of_each_window(prepared, de
     from transformers import AutoProcessor
 
     cfg = predict_cfg(demo_config)
-    processor = AutoProcessor.from_pretrained(cfg["model"]["path"])
+    processor = AutoProcessor.from_pretrained(cfg.model.path)
     samples = {row["window_id"]: row for row in read_samples(prepared / "preprocess" / "manifest.json", "val")}
     videos = predict.videos_to_predict(cfg, prepared / "window" / "windows.parquet")
     compared = 0

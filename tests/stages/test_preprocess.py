@@ -151,8 +151,7 @@ def test_a_marker_rounded_at_a_tie_is_not_taken_for_a_clock_error(demo_dir):
 
     processor = AutoProcessor.from_pretrained(demo_dir / "model")
     geometry = encoding.processor_geometry(processor)
-    cfg = config_lib.resolve({"video": {"fps": 4.5, "max_frames": 144, "max_tokens": 4}})
-    budget = resolve_budget(cfg["video"], environ={})
+    budget = resolve_budget(config_lib.section("video", {"fps": 4.5, "max_frames": 144, "max_tokens": 4}), environ={})
 
     class Video:
         def clip(self, start, end, budget, patch_size, merge_size, temporal_patch_size):

@@ -96,16 +96,17 @@ DIE_WHILE_SAVING = """
 import os, sys
 from pathlib import Path
 import videosft.stages.train as train
+import videosft.training.resume as resume
 
 KILL_AT = sys.argv.pop(1)
-write_json = train.write_json
+write_json = resume.write_json
 
 def dying_write_json(path, payload):
     if Path(path).name.startswith("position.") and Path(path).parent.name == KILL_AT:
         os._exit(9)
     write_json(path, payload)
 
-train.write_json = dying_write_json
+resume.write_json = dying_write_json
 sys.exit(train.main())
 """
 
@@ -146,7 +147,7 @@ def test_a_kill_while_saving_resumes_from_the_checkpoint_before_with_the_same_ad
 
 def test_resuming_with_another_config_samples_or_world_size_is_refused_by_name(tmp_path):
     from videosft.errors import InputError
-    from videosft.stages.train import check_identity
+    from videosft.training.resume import check_identity
 
     saved = {"config_sha256": "a", "samples": ["1 files, sha256 x"], "world_size": 2}
     check_identity(saved, dict(saved), tmp_path)

@@ -176,7 +176,7 @@ def test_loss_on_supervised_positions_equals_the_full_logits_loss(prepared, demo
     from videosft.models.checkpoint import model_class
     from videosft.training.batches import collate
     from videosft.media.pixels import load_video_processor
-    from videosft.stages.train import supervised_loss
+    from videosft.training.loss import supervised_loss
 
     model_dir = Path(demo_config["model"]["path"])
     model = model_class(AutoConfig.from_pretrained(model_dir)).from_pretrained(model_dir, dtype=torch.float32)
@@ -199,13 +199,13 @@ from pathlib import Path
 import deepspeed, torch
 from videosft import config as config_lib
 from videosft.models.checkpoint import load_checkpoint, verify_loaded
-from videosft.stages.train import build_partitioned_model, deepspeed_config
+from videosft.training.setup import build_partitioned_model, deepspeed_config
 
 model_dir, probe, out = Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3])
 deepspeed.init_distributed("gloo", timeout=datetime.timedelta(seconds=60))
 rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
-train_cfg = config_lib.resolve({})["train"]
-model, keep_alive = build_partitioned_model(model_dir, deepspeed_config(Path(train_cfg["deepspeed_config"]), train_cfg,
+train_cfg = config_lib.section("train")
+model, keep_alive = build_partitioned_model(model_dir, deepspeed_config(Path(train_cfg.deepspeed_config), train_cfg,
                                                                       world, "fp32"))
 key_map = json.loads(probe.read_text())["key_map"]
 loaded = load_checkpoint(model, model_dir, key_map)

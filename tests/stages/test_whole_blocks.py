@@ -16,7 +16,7 @@ import torch
 from safetensors.torch import load_file
 
 from conftest import PROJECT, run_torchrun, stage_json
-from videosft.stages.train import gather_whole_blocks
+from videosft.training.setup import gather_whole_blocks
 
 
 def test_whole_block_gathering_trains_the_same_adapter_on_two_ranks(prepared, demo_config, tmp_path):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from videosft import config as config_lib
 
 from videosft.training.memory import GIB, RESERVED_OVER_ALLOCATED, ModelFacts, SampleFacts, largest_frames, micro_batch, plan_peak, sample_at_frames, flowchart
 
@@ -135,7 +136,7 @@ def test_whole_blocks_gather_past_the_live_limit_beside_the_embedding():
 
 def test_the_run_plans_with_the_kernels_it_bound():
     from videosft.training.memory import COEFFICIENTS
-    from videosft.stages.train import kernel_set
+    from videosft.training.memory import kernel_set
 
     def bound(gdn, fused):
         return {"gated_deltanet": {"implementation": gdn}, "fused": {"implementation": {"rms_norm": fused}}}
@@ -153,14 +154,14 @@ def test_the_train_record_plans_a_padded_micro_batch_whole():
     import dataclasses
     import types
 
-    from videosft.stages.train import memory_comparison
+    from videosft.training.memory import PlanOptions, memory_comparison
 
     probe = {"memory": {"model_facts": dataclasses.asdict(MODEL)}, "lora": {"trainable_parameters": 10_000_000}}
     index = [types.SimpleNamespace(**{key: getattr(SAMPLE, key) for key in
                                       ("input_tokens", "visual_tokens", "supervised_tokens", "frames")})]
-    train_cfg = {"micro_batch_size": 3, "gradient_checkpointing": True, "offload_activations": False,
-                 "gather_whole_blocks": False}
-    got = memory_comparison(probe, index, 2, {"zero_optimization": ZERO}, "bf16", train_cfg,
-                            [[{"peak_allocated_gib": 1.0}], []], kernels="torch")
+    train_cfg = config_lib.section("train", {"micro_batch_size": 3, "gradient_checkpointing": True,
+                                             "offload_activations": False, "gather_whole_blocks": False})
+    options = PlanOptions.of(train_cfg, precision="bf16", kernels="torch")
+    got = memory_comparison(probe, index, 2, ZERO, options, [[{"peak_allocated_gib": 1.0}], []])
     assert got["predicted"] == plan_peak(MODEL, micro_batch(SAMPLE, 3), 10_000_000, 2, ZERO, "bf16", kernels="torch")
     assert got["predicted"]["reserved_gib"] > plan_peak(MODEL, SAMPLE, 10_000_000, 2, ZERO, kernels="torch")["reserved_gib"]

@@ -27,7 +27,7 @@ from videosft.training.batches import collate, collate_pack, host_positions, pre
 from videosft.encoding.chat import IGNORE_INDEX
 from videosft.kernels.gated_deltanet import select_gated_delta_rule
 from videosft.media.pixels import stored_frames
-from videosft.stages.train import supervised_loss, token_losses
+from videosft.training.loss import supervised_loss, token_losses
 from videosft.kernels.vision_attention import batch_vision_attention
 
 ATOL = RTOL = 1e-5

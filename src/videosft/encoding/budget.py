@@ -13,6 +13,7 @@ import math
 import os
 from dataclasses import asdict, dataclass
 
+from ..config import View
 from ..errors import ConfigError
 
 FRAME_FACTOR = 2  # frames per temporal patch; frame counts are even
@@ -35,14 +36,14 @@ class Budget:
         return asdict(self)
 
 
-def resolve_budget(video_cfg: dict, environ: dict | None = None) -> Budget:
+def resolve_budget(video_cfg: View, environ: dict | None = None) -> Budget:
     """The budget in force: config values, overridden by VIDEO_MIN/MAX_TOKEN_NUM when set."""
     environ = os.environ if environ is None else environ
 
     def pick(key: str, env: str) -> tuple[int, str]:
         raw = environ.get(env)
         if raw is None or raw == "":
-            return int(video_cfg[key]), f"config video.{key}"
+            return int(getattr(video_cfg, key)), f"config video.{key}"
         try:
             value = int(raw)
         except ValueError:
@@ -55,12 +56,12 @@ def resolve_budget(video_cfg: dict, environ: dict | None = None) -> Budget:
     max_tokens, max_from = pick("max_tokens", ENV_MAX_TOKENS)
     if min_tokens > max_tokens:
         raise ConfigError(f"token budget min {min_tokens} ({min_from}) exceeds max {max_tokens} ({max_from})")
-    if video_cfg["min_frames"] > video_cfg["max_frames"]:
-        raise ConfigError(f"video.min_frames {video_cfg['min_frames']} exceeds video.max_frames {video_cfg['max_frames']}")
+    if video_cfg.min_frames > video_cfg.max_frames:
+        raise ConfigError(f"video.min_frames {video_cfg.min_frames} exceeds video.max_frames {video_cfg.max_frames}")
     return Budget(
-        fps=float(video_cfg["fps"]),
-        min_frames=int(video_cfg["min_frames"]),
-        max_frames=int(video_cfg["max_frames"]),
+        fps=float(video_cfg.fps),
+        min_frames=int(video_cfg.min_frames),
+        max_frames=int(video_cfg.max_frames),
         min_tokens=min_tokens,
         max_tokens=max_tokens,
         min_tokens_from=min_from,

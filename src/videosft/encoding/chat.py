@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import re
 
+from ..config import View
+
 IGNORE_INDEX = -100
 NOTHING = "none"
 _RANGE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*-\s*(\d+(?:\.\d+)?)\s*$")
@@ -69,10 +71,10 @@ def parse_answer_lenient(text: str) -> list[tuple[float, float]] | None:
     return [] if _NOTHING_WORDS.match(text.strip()) else None
 
 
-def messages(prompt_cfg: dict, query: str | None, answer: str | None = None) -> list[dict]:
-    instruction = prompt_cfg["instruction"].replace("{query}", query or prompt_cfg["default_query"])
+def messages(prompt_cfg: View, query: str | None, answer: str | None = None) -> list[dict]:
+    instruction = prompt_cfg.instruction.replace("{query}", query or prompt_cfg.default_query)
     turns = [
-        {"role": "system", "content": prompt_cfg["system"]},
+        {"role": "system", "content": prompt_cfg.system},
         {"role": "user", "content": [{"type": "video"}, {"type": "text", "text": instruction}]},
     ]
     if answer is not None:

@@ -18,9 +18,10 @@ from __future__ import annotations
 import dataclasses
 import time
 
-from ..encoding.budget import Budget
-from ..encoding.chat import TEMPLATE_KWARGS, assistant_labels, messages, prompt_timestamps, render_answer
-from ..encoding.layout import VideoTokens, check_layout, layout_name, template_text
+from ..config import View
+from .budget import Budget
+from .chat import TEMPLATE_KWARGS, assistant_labels, messages, prompt_timestamps, render_answer
+from .layout import VideoTokens, check_layout, layout_name, template_text
 from ..media.pixels import stored_frames
 from ..media.video import Clip, VideoFile
 
@@ -85,14 +86,14 @@ def frame_pair_times(local_times: list[float], temporal_patch_size: int) -> list
 MARKER_TOLERANCE = 0.05 + 0.001
 
 
-def encode_window(window: dict, video: VideoFile, processor, cfg: dict, budget: Budget, geometry: dict):
+def encode_window(window: dict, video: VideoFile, processor, cfg: View, budget: Budget, geometry: dict):
     """Decode, resize and encode one window under ``budget``; check that the budget took effect."""
     started = time.perf_counter()
     clip = video.clip(window["window_start"], window["window_end"], budget, **geometry)
     decode_seconds = time.perf_counter() - started
     answer = render_answer(window["keep_local"])
-    layout = layout_name(cfg["prompt"]["video_layout"], tells_time_by_grid(processor))
-    text = processor.apply_chat_template(messages(cfg["prompt"], window["query"], answer), tokenize=False,
+    layout = layout_name(cfg.prompt.video_layout, tells_time_by_grid(processor))
+    text = processor.apply_chat_template(messages(cfg.prompt, window["query"], answer), tokenize=False,
                                          **TEMPLATE_KWARGS)
     encoded = encode(processor, clip, template_text(text, layout))
     input_ids = encoded["input_ids"][0].tolist()
@@ -139,13 +140,13 @@ def fitted_budget(budget: Budget, input_tokens: int, visual_tokens: int, pairs: 
                                max_tokens_from=f"fitted to data.max_length={max_length}")
 
 
-def build_sample(window: dict, video: VideoFile, processor, cfg: dict, budget: Budget, geometry: dict) -> dict:
-    max_length = cfg["data"]["max_length"]
+def build_sample(window: dict, video: VideoFile, processor, cfg: View, budget: Budget, geometry: dict) -> dict:
+    max_length = cfg.data.max_length
     clip, encoded, input_ids, grid, visual_tokens, answer, decode_seconds = encode_window(
         window, video, processor, cfg, budget, geometry)
     # Never truncate: lower this sample's per-frame budget until it fits (policy fit), or reject it.
     for _ in range(3):
-        if len(input_ids) <= max_length or cfg["data"]["overlong"] != "fit":
+        if len(input_ids) <= max_length or cfg.data.overlong != "fit":
             break
         smaller = fitted_budget(budget, len(input_ids), visual_tokens, grid[0], max_length)
         if smaller is None or smaller.max_tokens >= budget.max_tokens:
@@ -157,11 +158,11 @@ def build_sample(window: dict, video: VideoFile, processor, cfg: dict, budget: B
     if len(input_ids) > max_length:
         raise SampleError(
             f"{len(input_ids)} tokens exceed data.max_length={max_length} ({visual_tokens} visual"
-            + (", even at the smallest per-frame budget video.min_tokens" if cfg["data"]["overlong"] == "fit" else "")
+            + (", even at the smallest per-frame budget video.min_tokens" if cfg.data.overlong == "fit" else "")
             + "); lower the video budget or raise data.max_length"
         )
     tokenizer = processor.tokenizer
-    labels = assistant_labels(input_ids, tokenizer, answer, cfg["prompt"]["think_block"])
+    labels = assistant_labels(input_ids, tokenizer, answer, cfg.prompt.think_block)
     supervised = sum(label != -100 for label in labels)
     return {
         "window_id": window["window_id"],

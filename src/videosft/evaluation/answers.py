@@ -15,8 +15,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from ..encoding.chat import parse_answer, parse_answer_lenient
-from ..evaluation.generation import REPEATS, greedy_answers, prompt_of
-from ..evaluation.metrics import WINDOW_METRIC_DEFINITIONS, r1_iou, window_metrics
+from .generation import REPEATS, greedy_answers, prompt_of
+from .metrics import WINDOW_METRIC_DEFINITIONS, r1_iou, window_metrics
 
 
 def window_answers(model, rows: Iterable[dict], tokenizer, video_processor, max_new_tokens: int,

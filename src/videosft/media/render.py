@@ -11,8 +11,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..media.timeline import Range
-from ..media.video import VideoFile
+from .timeline import Range
+from .video import VideoFile
 
 
 def render_cut(source: Path, ranges: list[Range], out: Path, chunk: int = 64) -> Path | None:

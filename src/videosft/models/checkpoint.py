@@ -346,3 +346,11 @@ def verify_loaded(model, model_dir: Path, key_map: dict) -> dict:
     matched = len(key_map)
     return {"entries": len(key_map), "matched": matched, "verify_seconds": verify_seconds,
             "summary": f"{matched} of {len(key_map)} entries matched"}
+
+
+def pad_token_id(model_dir: Path) -> int:
+    """The checkpoint tokenizer's padding id (0 when it names none: padded positions are masked anyway)."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0

@@ -18,6 +18,7 @@ import numpy as np
 
 from .. import config as config_lib
 from ..provenance import exit_after, run_record, stage_parser, write_json
+from ..config import View
 
 QUERY = "the red ball"
 SPECIAL_TOKENS = [
@@ -57,11 +58,11 @@ def visible_intervals(rng: np.random.Generator, n_frames: int, fps: int) -> list
     return [(int(bounds[2 * i]), int(bounds[2 * i + 1])) for i in range(count)]
 
 
-def render_frames(rng: np.random.Generator, cfg: dict, intervals: list[tuple[int, int]],
+def render_frames(rng: np.random.Generator, cfg: View, intervals: list[tuple[int, int]],
                   n_frames: int | None = None, indices: list[int] | None = None) -> np.ndarray:
     """Frames ``indices`` (default: all) of a video of ``n_frames`` (default: the demo's length)."""
-    height, width = cfg["height"], cfg["width"]
-    n_frames = n_frames or int(round(cfg["seconds"] * cfg["fps"]))
+    height, width = cfg.height, cfg.width
+    n_frames = n_frames or int(round(cfg.seconds * cfg.fps))
     indices = range(n_frames) if indices is None else indices
     yy, xx = np.mgrid[0:height, 0:width]
     base_color = rng.uniform(40, 110, size=3) * np.array([0.6, 1.0, 1.0])  # never red: the ball is
@@ -96,15 +97,15 @@ def write_mp4(path: Path, frames: np.ndarray, fps: int) -> None:
             container.mux(packet)
 
 
-def make_videos(cfg: dict, video_dir: Path, annotations: Path) -> list[dict]:
-    rng = np.random.default_rng(cfg["seed"])
+def make_videos(cfg: View, video_dir: Path, annotations: Path) -> list[dict]:
+    rng = np.random.default_rng(cfg.seed)
     rows = []
-    n_frames = int(round(cfg["seconds"] * cfg["fps"]))
-    for index in range(cfg["videos"]):
-        intervals = visible_intervals(rng, n_frames, cfg["fps"])
+    n_frames = int(round(cfg.seconds * cfg.fps))
+    for index in range(cfg.videos):
+        intervals = visible_intervals(rng, n_frames, cfg.fps)
         name = f"video_{index:03d}.mp4"
-        write_mp4(video_dir / name, render_frames(rng, cfg, intervals), cfg["fps"])
-        keep = [[a / cfg["fps"], b / cfg["fps"]] for a, b in intervals]
+        write_mp4(video_dir / name, render_frames(rng, cfg, intervals), cfg.fps)
+        keep = [[a / cfg.fps, b / cfg.fps] for a, b in intervals]
         rows.append({"video": name, "query": QUERY, "keep": keep})
     annotations.parent.mkdir(parents=True, exist_ok=True)
     annotations.write_text("".join(json.dumps(row) + "\n" for row in rows))
@@ -149,14 +150,14 @@ def build_tokenizer(vocab_size: int):
     return tokenizer
 
 
-def build_model_dir(cfg: dict, out: Path, system: str = "") -> dict:
+def build_model_dir(cfg: View, out: Path, system: str = "") -> dict:
     import torch
     from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration, Qwen3VLProcessor
     from transformers.models.qwen2_vl.image_processing_qwen2_vl import Qwen2VLImageProcessor
     from transformers.models.qwen3_vl.video_processing_qwen3_vl import Qwen3VLVideoProcessor
 
-    model_cfg = cfg["model"]
-    tokenizer = build_tokenizer(model_cfg["vocab_size"])
+    model_cfg = cfg.model
+    tokenizer = build_tokenizer(model_cfg.vocab_size)
     token_id = tokenizer.convert_tokens_to_ids
     patch = dict(patch_size=16, temporal_patch_size=2, merge_size=2)
     processor = Qwen3VLProcessor(
@@ -165,7 +166,7 @@ def build_model_dir(cfg: dict, out: Path, system: str = "") -> dict:
         video_processor=Qwen3VLVideoProcessor(**patch, cap_pixels_per_frame=False),
         chat_template=CHAT_TEMPLATE,
     )
-    hidden = model_cfg["hidden_size"]
+    hidden = model_cfg.hidden_size
     heads = 4
     head_dim = max(32, hidden // heads)  # 32 leaves room for all three M-RoPE sections
     rotary_half = int(head_dim * 0.25) // 2
@@ -175,7 +176,7 @@ def build_model_dir(cfg: dict, out: Path, system: str = "") -> dict:
             vocab_size=len(tokenizer),
             hidden_size=hidden,
             intermediate_size=2 * hidden,
-            num_hidden_layers=model_cfg["layers"],
+            num_hidden_layers=model_cfg.layers,
             num_attention_heads=heads,
             num_key_value_heads=2,
             head_dim=head_dim,
@@ -195,9 +196,9 @@ def build_model_dir(cfg: dict, out: Path, system: str = "") -> dict:
             },
         ),
         vision_config=dict(
-            depth=model_cfg["vision_depth"],
-            hidden_size=model_cfg["vision_hidden_size"],
-            intermediate_size=2 * model_cfg["vision_hidden_size"],
+            depth=model_cfg.vision_depth,
+            hidden_size=model_cfg.vision_hidden_size,
+            intermediate_size=2 * model_cfg.vision_hidden_size,
             num_heads=2,
             out_hidden_size=hidden,
             num_position_embeddings=64,
@@ -210,12 +211,12 @@ def build_model_dir(cfg: dict, out: Path, system: str = "") -> dict:
         vision_end_token_id=token_id("<|vision_end|>"),
         tie_word_embeddings=True,
     )
-    torch.manual_seed(cfg["seed"])
+    torch.manual_seed(cfg.seed)
     model = Qwen3_5ForConditionalGeneration(config)
     model.generation_config.eos_token_id = token_id("<|im_end|>")
     model.generation_config.pad_token_id = token_id("<|endoftext|>")
-    pretraining = pretrain(model, processor, cfg, system) if cfg["pretrain"]["steps"] else None
-    model.save_pretrained(out, max_shard_size=model_cfg["shard_size"])
+    pretraining = pretrain(model, processor, cfg, system) if cfg.pretrain.steps else None
+    model.save_pretrained(out, max_shard_size=model_cfg.shard_size)
     processor.save_pretrained(out)
     return {
         "pretraining": pretraining,
@@ -236,14 +237,14 @@ PRETRAIN_INSTRUCTION = "At which of its marked times does this clip show {query}
 NEVER = "never"
 
 
-def pretraining_sample(rng: np.random.Generator, cfg: dict, processor, system: str) -> dict:
+def pretraining_sample(rng: np.random.Generator, cfg: View, processor, system: str) -> dict:
     """A rendered clip, its prompt, and the answer: the time markers of the frame pairs with the ball."""
     import torch
     from transformers.video_utils import VideoMetadata
 
     from ..encoding.chat import assistant_labels, prompt_timestamps
 
-    pretrain, fps = cfg["pretrain"], cfg["fps"]
+    pretrain, fps = cfg.pretrain, cfg.fps
     seconds = int(pretrain["clip_seconds"])
     n_frames = seconds * fps
     count = int(rng.choice(3, p=[0.15, 0.45, 0.4]))  # windows with 0, 1 or 2 keep ranges
@@ -255,7 +256,7 @@ def pretraining_sample(rng: np.random.Generator, cfg: dict, processor, system: s
              {"role": "user", "content": [{"type": "video"},
                                           {"type": "text", "text": PRETRAIN_INSTRUCTION.format(query=QUERY)}]}]
     metadata = VideoMetadata(total_num_frames=len(picks), fps=float(fps), frames_indices=picks.tolist(),
-                             height=cfg["height"], width=cfg["width"])
+                             height=cfg.height, width=cfg.width)
     encoded = processor(text=[processor.apply_chat_template(turns, tokenize=False, add_generation_prompt=True)],
                         videos=[frames], video_metadata=[metadata], return_tensors="pt",
                         videos_kwargs={"do_resize": False, "do_sample_frames": False, "return_metadata": True})
@@ -320,33 +321,33 @@ def held_out_accuracy(model, samples: list[dict], tokenizer) -> float:
     return right / len(samples)
 
 
-def pretrain(model, processor, cfg: dict, system: str) -> dict:
+def pretrain(model, processor, cfg: View, system: str) -> dict:
     """Full-parameter training of the language model (the vision tower stays as built) on rendered clips."""
     import time
 
     import torch
 
-    pretrain_cfg = cfg["pretrain"]
-    if cfg["height"] % 32 or cfg["width"] % 32:
+    pretrain_cfg = cfg.pretrain
+    if cfg.height % 32 or cfg.width % 32:
         raise ValueError(f"demo.pretrain needs demo.height and demo.width in multiples of 32 (patch 16 x merge 2), "
-                         f"not {cfg['height']}x{cfg['width']}")
+                         f"not {cfg.height}x{cfg.width}")
     started = time.perf_counter()
-    rng = np.random.default_rng(cfg["seed"] + 1)  # not the pipeline videos' stream
-    samples = [pretraining_sample(rng, cfg, processor, system) for _ in range(pretrain_cfg["clips"])]
-    held_out, train = samples[: pretrain_cfg["held_out"]], samples[pretrain_cfg["held_out"]:]
-    torch.manual_seed(cfg["seed"])
+    rng = np.random.default_rng(cfg.seed + 1)  # not the pipeline videos' stream
+    samples = [pretraining_sample(rng, cfg, processor, system) for _ in range(pretrain_cfg.clips)]
+    held_out, train = samples[: pretrain_cfg.held_out], samples[pretrain_cfg.held_out:]
+    torch.manual_seed(cfg.seed)
     for name, parameter in model.named_parameters():
         parameter.requires_grad_(".visual." not in f".{name}")
     parameters = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(parameters, lr=pretrain_cfg["lr"], weight_decay=0.0)
-    steps, batch_size = pretrain_cfg["steps"], pretrain_cfg["batch_size"]
+    optimizer = torch.optim.AdamW(parameters, lr=pretrain_cfg.lr, weight_decay=0.0)
+    steps, batch_size = pretrain_cfg.steps, pretrain_cfg.batch_size
     order = torch.randperm(len(train) * (steps * batch_size // len(train) + 1)) % len(train)
     model.train()
     losses = []
     for step in range(steps):
         warm = min(1.0, (step + 1) / 20)  # a short warm-up, then a cosine to a tenth
         for group in optimizer.param_groups:
-            group["lr"] = pretrain_cfg["lr"] * warm * (0.1 + 0.45 * (1 + np.cos(np.pi * step / steps)))
+            group["lr"] = pretrain_cfg.lr * warm * (0.1 + 0.45 * (1 + np.cos(np.pi * step / steps)))
         rows = [train[i] for i in order[step * batch_size:(step + 1) * batch_size].tolist()]
         loss = model(**pretraining_batch(rows, processor.tokenizer.pad_token_id), use_cache=False).loss
         loss.backward()
@@ -361,9 +362,9 @@ def pretrain(model, processor, cfg: dict, system: str) -> dict:
              "last_loss": losses[-1], "held_out_exact_match": accuracy, "seconds": time.perf_counter() - started,
              "example": {"answer": held_out[0]["answer"]}}
     print(f"pretrain: held-out exact match {accuracy:.3f} after {steps} steps (loss {losses[0]:.3f} -> {losses[-1]:.4f})")
-    if accuracy < pretrain_cfg["min_exact_match"]:
+    if accuracy < pretrain_cfg.min_exact_match:
         raise RuntimeError(f"the pretrained base answers {accuracy:.0%} of held-out clips exactly, under "
-                           f"demo.pretrain.min_exact_match={pretrain_cfg['min_exact_match']}: raise demo.pretrain.steps")
+                           f"demo.pretrain.min_exact_match={pretrain_cfg.min_exact_match}: raise demo.pretrain.steps")
     return facts
 
 
@@ -372,8 +373,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     cfg = config_lib.load(args.config, "demo")
     with run_record("demo", args.out, cfg, args) as record:
-        rows = make_videos(cfg["demo"], args.out / "videos", args.out / "annotations.jsonl")
-        model_facts = build_model_dir(cfg["demo"], args.out / "model", cfg["prompt"]["system"])
+        rows = make_videos(cfg.demo, args.out / "videos", args.out / "annotations.jsonl")
+        model_facts = build_model_dir(cfg.demo, args.out / "model", cfg.prompt.system)
         record["results"] = {"videos": len(rows), "model": model_facts}
         write_json(args.out / "demo.json", record["results"])
     print(f"demo: {len(rows)} videos, model with {model_facts['parameters']} parameters in {args.out}")

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from .. import config as config_lib
 from ..provenance import exit_after, run_record, stage_parser, write_json
+from ..config import View
 
 WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
 
@@ -27,19 +28,19 @@ def copied_files(model_dir: Path) -> list[Path]:
                   and not path.name.endswith(".safetensors") and not path.name.endswith(".bin"))
 
 
-def export(cfg: dict, adapter: Path, out: Path) -> dict:
+def export(cfg: View, adapter: Path, out: Path) -> dict:
     import torch
     from peft import PeftModel
     from transformers import AutoConfig
 
     from ..models.checkpoint import model_class
 
-    model_dir = Path(cfg["model"]["path"])
-    dtype = getattr(torch, cfg["export"]["dtype"])
+    model_dir = Path(cfg.model.path)
+    dtype = getattr(torch, cfg.export.dtype)
     base = model_class(AutoConfig.from_pretrained(model_dir)).from_pretrained(model_dir, dtype=dtype)
     merged = PeftModel.from_pretrained(base, adapter).merge_and_unload()
     out.mkdir(parents=True, exist_ok=True)
-    merged.save_pretrained(out, max_shard_size=cfg["export"]["max_shard_size"])
+    merged.save_pretrained(out, max_shard_size=cfg.export.max_shard_size)
     shutil.copy2(model_dir / "config.json", out / "config.json")  # unchanged, as the base had it
     copied = []
     for path in copied_files(model_dir):
@@ -47,7 +48,7 @@ def export(cfg: dict, adapter: Path, out: Path) -> dict:
             shutil.copy2(path, out / path.name)
             copied.append(path.name)
     files = sorted(path.name for path in out.iterdir() if path.is_file())
-    return {"model": str(model_dir), "adapter": str(adapter), "dtype": cfg["export"]["dtype"], "files": files,
+    return {"model": str(model_dir), "adapter": str(adapter), "dtype": cfg.export.dtype, "files": files,
             "copied_from_base": copied, "parameters": sum(p.numel() for p in merged.parameters())}
 
 
@@ -59,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     with run_record("export", args.out, cfg, args) as record:
         record["results"] = export(cfg, args.adapter, args.out)
         write_json(args.out / "export.json", record["results"])
-        print(f"export: {record['results']['parameters']:,} parameters ({cfg['export']['dtype']}) in {args.out}, "
+        print(f"export: {record['results']['parameters']:,} parameters ({cfg.export.dtype}) in {args.out}, "
               f"{len(record['results']['files'])} files")
     return 0
 

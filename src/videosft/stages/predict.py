@@ -34,6 +34,7 @@ from ..errors import ConfigError
 from ..evaluation.generation import greedy_answers, prompt_of
 from ..evaluation.metrics import source_time_metrics
 from ..provenance import exit_after, run_record, stage_parser, write_json
+from ..config import View
 from ..data.rejects import Rejects
 from ..media.timeline import resolve_video, window_bounds
 from ..media.video import VideoFile
@@ -41,9 +42,9 @@ from ..media.video import VideoFile
 VIDEO_SUFFIXES = {".mp4", ".mov", ".mkv", ".avi", ".webm", ".m4v"}
 
 
-def videos_to_predict(cfg: dict, windows_path: Path | None) -> dict[tuple[str, str | None], list[dict] | None]:
+def videos_to_predict(cfg: View, windows_path: Path | None) -> dict[tuple[str, str | None], list[dict] | None]:
     """(video path, query) -> its windows (the window stage's, for ``val``) or None (cut here)."""
-    source = cfg["predict"]["videos"]
+    source = cfg.predict.videos
     if source == "val":
         if windows_path is None:
             raise ConfigError("predict.videos is val: give --windows results/window/windows.parquet")
@@ -52,7 +53,7 @@ def videos_to_predict(cfg: dict, windows_path: Path | None) -> dict[tuple[str, s
         by_video: dict[tuple[str, str], list[dict]] = {}
         for row in pq.ParquetFile(windows_path).read().to_pylist():
             if row["split"] == "val":  # one cut list per video and query (QVHighlights has several)
-                path = str(resolve_video(Path(cfg["data"]["root"]), row["video"]))
+                path = str(resolve_video(Path(cfg.data.root), row["video"]))
                 by_video.setdefault((path, row["query"]), []).append(row)
         return by_video
     path = Path(source)
@@ -63,24 +64,24 @@ def videos_to_predict(cfg: dict, windows_path: Path | None) -> dict[tuple[str, s
     raise ConfigError(f"predict.videos: {source} is neither val, a video file nor a folder")
 
 
-def cut_into_windows(video: VideoFile, name: str, cfg: dict) -> list[dict]:
-    window_cfg = cfg["window"]
-    tail = "shift" if window_cfg["tail"] == "drop" else window_cfg["tail"]
-    query = cfg["predict"]["query"] or cfg["prompt"]["default_query"]
+def cut_into_windows(video: VideoFile, name: str, cfg: View) -> list[dict]:
+    window_cfg = cfg.window
+    tail = "shift" if window_cfg.tail == "drop" else window_cfg.tail
+    query = cfg.predict.query or cfg.prompt.default_query
     return [{"window_id": f"{name}#{index}", "video": name, "query": query, "split": "predict",
              "window_index": index, "window_start": start, "window_end": end, "keep_local": []}
-            for index, (start, end) in enumerate(window_bounds(video.duration, window_cfg["length"],
-                                                               window_cfg["stride"], tail))]
+            for index, (start, end) in enumerate(window_bounds(video.duration, window_cfg.length,
+                                                               window_cfg.stride, tail))]
 
 
-def load_model(cfg: dict, adapter: Path | None):
+def load_model(cfg: View, adapter: Path | None):
     """Base + adapter (merged into the weights for speed) or a merged checkpoint; bf16 on a GPU."""
     import torch
     from transformers import AutoConfig
 
     from ..models.checkpoint import model_class
 
-    model_dir = Path(cfg["model"]["path"])
+    model_dir = Path(cfg.model.path)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     model = model_class(AutoConfig.from_pretrained(model_dir)).from_pretrained(model_dir, dtype=dtype,
@@ -92,12 +93,12 @@ def load_model(cfg: dict, adapter: Path | None):
     return model.eval()
 
 
-def window_prompts(video: VideoFile, windows: list[dict], processor, cfg: dict,
+def window_prompts(video: VideoFile, windows: list[dict], processor, cfg: View,
                    rejects: Rejects, timings: dict | None = None) -> tuple[list[dict], list[dict]]:
     """Each window's prompt, made as its training sample is (the answer cut off), and a result
     entry for it; a window that cannot be encoded goes to the rejects. ``timings`` gains the
     seconds spent decoding frames ("decode") and making prompts of them ("preprocess")."""
-    budget, geometry = resolve_budget(cfg["video"]), processor_geometry(processor)
+    budget, geometry = resolve_budget(cfg.video), processor_geometry(processor)
     timings = {"decode": 0.0, "preprocess": 0.0} if timings is None else timings
     prompts, results = [], []
     for window in windows:
@@ -115,7 +116,7 @@ def window_prompts(video: VideoFile, windows: list[dict], processor, cfg: dict,
     return prompts, results
 
 
-def predict_video(path: Path, windows: list[dict] | None, model, processor, cfg: dict, rejects: Rejects,
+def predict_video(path: Path, windows: list[dict] | None, model, processor, cfg: View, rejects: Rejects,
                   timings: dict) -> dict | None:
     """One video: its windows' answers and the merged source-time ranges, or None if it cannot be read."""
     started = time.perf_counter()
@@ -132,8 +133,8 @@ def predict_video(path: Path, windows: list[dict] | None, model, processor, cfg:
     prompts, results = window_prompts(video, windows, processor, cfg, rejects, timings)
     started = time.perf_counter()
     answers = greedy_answers(model, prompts, processor.tokenizer, processor.video_processor,
-                             cfg["predict"]["max_new_tokens"],
-                             cfg["prompt"]["think_block"], cfg["predict"]["batch_size"])
+                             cfg.predict.max_new_tokens,
+                             cfg.prompt.think_block, cfg.predict.batch_size)
     for result, answer in zip(results, answers):
         text, local = answer["answer"], parse_answer(answer["answer"])
         result.update(answer=text, parsed=local is not None, degenerate=answer["degenerate"], ranges_local=local,
@@ -142,11 +143,11 @@ def predict_video(path: Path, windows: list[dict] | None, model, processor, cfg:
             rejects.add(result["window_id"], f"answer {text!r} is not in the answer format; the window "
                         "abstains from the merge", video=name)
     timings["generate"] += time.perf_counter() - started
-    ranges = merge_votes(results, cfg["predict"]["min_agreement"])
+    ranges = merge_votes(results, cfg.predict.min_agreement)
     fps = float(video.reader.get_avg_fps())
     return {"video": str(path), "name": name, "duration": video.duration, "fps": fps, "timeline_rate": timeline_rate(fps),
             "ranges": ranges, "kept_seconds": sum(end - start for start, end in ranges),
-            "merge": {"min_agreement": cfg["predict"]["min_agreement"]}, "windows": results,
+            "merge": {"min_agreement": cfg.predict.min_agreement}, "windows": results,
             "source_windows": [{"window_id": w["window_id"], "keep_source": w.get("keep_source") or []}
                                for w in source_windows]}
 
@@ -166,13 +167,13 @@ def write_outputs(result: dict, out: Path, render: bool) -> dict[str, str]:
     return files
 
 
-def predict(cfg: dict, adapter: Path | None, windows_path: Path | None, out: Path, record: dict) -> None:
+def predict(cfg: View, adapter: Path | None, windows_path: Path | None, out: Path, record: dict) -> None:
     from transformers import AutoProcessor
 
     videos = videos_to_predict(cfg, windows_path)
     for stale in [*out.glob("[0-9][0-9][0-9][0-9]-*"), out / "evaluation.json"]:  # an earlier run's cut lists
         shutil.rmtree(stale) if stale.is_dir() else stale.unlink(missing_ok=True)
-    processor = AutoProcessor.from_pretrained(cfg["model"]["path"])
+    processor = AutoProcessor.from_pretrained(cfg.model.path)
     started = time.perf_counter()
     model = load_model(cfg, adapter)
     # fla's autotuning choices for this GPU model: without them the first prompts autotune the
@@ -187,23 +188,23 @@ def predict(cfg: dict, adapter: Path | None, windows_path: Path | None, out: Pat
             continue
         results.append(result)
         outputs[result["name"]] = write_outputs(result, out / f"{index:04d}-{Path(path).stem}",
-                                                cfg["predict"]["render"])
+                                                cfg.predict.render)
         print(f"predict: {result['name']}: {len(result['ranges'])} ranges, {result['kept_seconds']:.1f} of "
               f"{result['duration']:.1f} s kept, {sum(not w.get('parsed', True) for w in result['windows'])} of "
               f"{len(result['windows'])} answers unparseable", flush=True)
     windows = sum(len(r["windows"]) for r in results)
-    record["results"] = {"source": cfg["predict"]["videos"], "model": cfg["model"]["path"],
+    record["results"] = {"source": cfg.predict.videos, "model": cfg.model.path,
                          "adapter": None if adapter is None else str(adapter), "autotune": autotuned,
-                         "min_agreement": cfg["predict"]["min_agreement"],
+                         "min_agreement": cfg.predict.min_agreement,
                          "videos": len(videos), "predicted": len(results), "windows": windows,
                          "rejects": rejects.summary(), "outputs": outputs, "seconds": timings,
                          "windows_per_second": windows / max(sum(timings.values()) - timings["load_model"], 1e-9)}
-    if cfg["predict"]["videos"] == "val":
+    if cfg.predict.videos == "val":
         record["results"]["evaluation"] = evaluate_in_source_time(results)
         write_json(out / "evaluation.json", record["results"]["evaluation"])
     write_json(out / "summary.json", record["results"])
     if not results:
-        raise ConfigError(f"no video of predict.videos ({cfg['predict']['videos']}) could be read; see "
+        raise ConfigError(f"no video of predict.videos ({cfg.predict.videos}) could be read; see "
                           f"{rejects.path}")
 
 

@@ -32,6 +32,7 @@ from ..errors import InputError
 from ..encoding.layout import layout_name
 from ..progress import ProgressLine
 from ..provenance import exit_after, run_record, sha256_file, stage_parser, write_json
+from ..config import View
 from ..data.rejects import Rejects
 from ..data.sample_store import SCHEMA_VERSION, ShardWriter, write_manifest
 from ..media.timeline import resolve_video
@@ -68,16 +69,16 @@ def video_shards(windows: list[dict], shards: int) -> dict[str, int]:
     return assignment
 
 
-def shard_metadata(cfg: dict, processor, budget, geometry: dict) -> dict:
+def shard_metadata(cfg: View, processor, budget, geometry: dict) -> dict:
     """What every sample file of a shard records about how its samples were made."""
     return {
         "schema_version": SCHEMA_VERSION,
         "budget": budget.as_dict(),
         "geometry": geometry,
-        "model_files_sha256": model_hashes(Path(cfg["model"]["path"])),
-        "max_length": cfg["data"]["max_length"],
-        "video_layout": layout_name(cfg["prompt"]["video_layout"], tells_time_by_grid(processor)),
-        "think_block": cfg["prompt"]["think_block"],
+        "model_files_sha256": model_hashes(Path(cfg.model.path)),
+        "max_length": cfg.data.max_length,
+        "video_layout": layout_name(cfg.prompt.video_layout, tells_time_by_grid(processor)),
+        "think_block": cfg.prompt.think_block,
     }
 
 
@@ -88,19 +89,19 @@ def shard_summary(windows: int, writer, files: dict, facts: dict, metadata: dict
             "video_layout": metadata["video_layout"], "think_block": metadata["think_block"], **extra}
 
 
-def run_shard(windows_path: Path, out_dir: Path, cfg: dict, shard: int, shards: int, record: dict) -> None:
+def run_shard(windows_path: Path, out_dir: Path, cfg: View, shard: int, shards: int, record: dict) -> None:
     """Preprocess the windows of the videos that hash to ``shard`` (of ``shards``)."""
     from transformers import AutoProcessor
 
-    model_path = Path(cfg["model"]["path"])
+    model_path = Path(cfg.model.path)
     processor = AutoProcessor.from_pretrained(model_path)
     geometry = processor_geometry(processor)
-    budget = resolve_budget(cfg["video"])
+    budget = resolve_budget(cfg.video)
     out_dir.mkdir(parents=True, exist_ok=True)
     rejects = Rejects(out_dir / "rejects.jsonl")
     metadata = shard_metadata(cfg, processor, budget, geometry)
-    writer = ShardWriter(out_dir, metadata, int(cfg["preprocess"]["shard_mb"] * 2**20),
-                         cfg["preprocess"]["pixel_compression"])
+    writer = ShardWriter(out_dir, metadata, int(cfg.preprocess.shard_mb * 2**20),
+                         cfg.preprocess.pixel_compression)
     windows = pq.ParquetFile(windows_path).read().to_pylist()  # read_table would import pyarrow.dataset and pandas
     assignment = video_shards(windows, shards)
     windows = [w for w in windows if assignment[w["video"]] == shard]
@@ -108,7 +109,7 @@ def run_shard(windows_path: Path, out_dir: Path, cfg: dict, shard: int, shards: 
     for window in windows:
         by_video[window["video"]].append(window)
     facts: dict[str, list] = defaultdict(list)
-    root = Path(cfg["data"]["root"])
+    root = Path(cfg.data.root)
     shown = ProgressLine(f"preprocess shard {shard}/{shards}", len(windows), "windows")
     for video_name, video_windows in by_video.items():
         try:
@@ -142,7 +143,7 @@ def run_shard(windows_path: Path, out_dir: Path, cfg: dict, shard: int, shards: 
 FACTS = ("visual_tokens", "text_tokens", "input_tokens", "supervised_tokens", "decode_seconds", "budget_max_tokens")
 
 
-def gather(shard_dirs: list[Path], out_dir: Path, cfg: dict, record: dict) -> None:
+def gather(shard_dirs: list[Path], out_dir: Path, cfg: View, record: dict) -> None:
     """Join the shards: one manifest of sample files per split, the rejects, the summary, the checks."""
     out_dir.mkdir(parents=True, exist_ok=True)
     summaries = [json.loads((directory / "summary.json").read_text()) for directory in shard_dirs]
@@ -174,7 +175,7 @@ def gather(shard_dirs: list[Path], out_dir: Path, cfg: dict, record: dict) -> No
         f"{results.get('supervised_tokens')}; budget {budget['min_tokens']}-{budget['max_tokens']} tokens per frame "
         f"pair ({budget['max_tokens_from']})"
     )
-    rejects.check(cfg["data"]["max_reject_fraction"], total=windows, what="windows")
+    rejects.check(cfg.data.max_reject_fraction, total=windows, what="windows")
     for split in ("train", "val"):
         if not counts.get(split):
             raise InputError(f"no {split} samples were produced; check the window split and the rejects")

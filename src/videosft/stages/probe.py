@@ -23,6 +23,7 @@ from ..models.checkpoint import CheckpointError, build_meta_model, extras_summar
 from ..models.lora import coverage
 from ..training.memory import SampleFacts, flowchart, largest_frames, micro_batch, model_facts, plan_peak, planned_kernels
 from ..provenance import exit_after, run_record, stage_parser, write_json
+from ..config import View
 from ..data.sample_store import read_samples
 
 
@@ -80,23 +81,23 @@ def text_per_frame_pair(token_types: list[int], frames: int) -> float:
     return sum(1 for kind in token_types[video[0]:video[-1] + 1] if not kind) / (pairs - 1)
 
 
-def memory_plan(model, cfg: dict, trainable: int, manifest: Path) -> dict:
+def memory_plan(model, cfg: View, trainable: int, manifest: Path) -> dict:
     """Predicted per-GPU peaks of the largest micro-batch (``train.micro_batch_size`` longest samples,
     or a pack of ``train.pack_tokens``) for several world sizes, the largest frame count per sample under
     the limit, and the lecture's flowchart (one sample) for the configured world size."""
-    ds_zero = json.loads(Path(cfg["train"]["deepspeed_config"]).read_text())["zero_optimization"]
+    ds_zero = json.loads(Path(cfg.train.deepspeed_config).read_text())["zero_optimization"]
     facts = model_facts(model, int(ds_zero.get("stage3_param_persistence_threshold", 1e5)))
     sample = longest_sample(manifest)
-    batching = {"micro_batch_size": cfg["train"]["micro_batch_size"], "pack_tokens": cfg["train"]["pack_tokens"] or None}
+    batching = {"micro_batch_size": cfg.train.micro_batch_size, "pack_tokens": cfg.train.pack_tokens or None}
     batch = micro_batch(sample, **batching)
-    limit = cfg["memory"]["gpu_memory_gib"]
-    precision = "bf16" if cfg["train"]["precision"] in ("auto", "bf16") else cfg["train"]["precision"]
-    options = {"checkpointing": cfg["train"]["gradient_checkpointing"],
-               "offload_activations": cfg["train"]["offload_activations"],
-               "whole_blocks": cfg["train"]["gather_whole_blocks"],
-               "kernels": planned_kernels(cfg["train"]["fused_kernels"])}
+    limit = cfg.memory.gpu_memory_gib
+    precision = "bf16" if cfg.train.precision in ("auto", "bf16") else cfg.train.precision
+    options = {"checkpointing": cfg.train.gradient_checkpointing,
+               "offload_activations": cfg.train.offload_activations,
+               "whole_blocks": cfg.train.gather_whole_blocks,
+               "kernels": planned_kernels(cfg.train.fused_kernels)}
     per_world = {}
-    for world in cfg["memory"]["world_sizes"]:
+    for world in cfg.memory.world_sizes:
         peak = plan_peak(facts, batch, trainable, world, ds_zero, precision, **options)
         peak["largest_frames_under_limit"] = largest_frames(facts, sample, trainable, world, ds_zero, limit, precision,
                                                             **batching, **options)
@@ -108,22 +109,22 @@ def memory_plan(model, cfg: dict, trainable: int, manifest: Path) -> dict:
         "micro_batch": {**batching, **dataclasses.asdict(batch)},
         "model_facts": dataclasses.asdict(facts),
         "per_world_size": per_world,
-        "flowchart": flowchart(facts, sample, trainable, max(cfg["memory"]["world_sizes"]), ds_zero, limit),
+        "flowchart": flowchart(facts, sample, trainable, max(cfg.memory.world_sizes), ds_zero, limit),
     }
 
 
-def probe(cfg: dict, manifest: Path | None = None) -> dict:
-    model_dir = Path(cfg["model"]["path"])
+def probe(cfg: View, manifest: Path | None = None) -> dict:
+    model_dir = Path(cfg.model.path)
     started = time.perf_counter()
     tensors = read_checkpoint(model_dir)
     model = build_meta_model(model_dir)
     report = map_checkpoint(model, tensors, config_dtype(model))
     agreement = tokenizer_agreement(model_dir, model)
-    lora = coverage(model, cfg["lora"]["target_modules"], cfg["lora"]["r"])
+    lora = coverage(model, cfg.lora.target_modules, cfg.lora.r)
     if lora["modules"] == 0:
-        agreement.append(f"LoRA targets {cfg['lora']['target_modules']} match no linear module of the language model")
+        agreement.append(f"LoRA targets {cfg.lora.target_modules} match no linear module of the language model")
     if lora["missed_layer_types"]:
-        print(f"WARNING: LoRA targets {cfg['lora']['target_modules']} miss whole layer types "
+        print(f"WARNING: LoRA targets {cfg.lora.target_modules} miss whole layer types "
               f"{lora['missed_layer_types']} ({lora['layer_type_counts']}); those layers will not adapt. "
               "To cover every layer type, set lora.target_modules: [all-linear] (every linear layer of the "
               "language model, not the vision tower or the LM head).",
@@ -194,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  {step['question']} {step['answer']}"
                       + (f" ({step['predicted_gib']:.2f} GiB)" if "predicted_gib" in step else "") + f": {step['why']}")
         if not result["ok"]:
-            raise CheckpointError(f"checkpoint {cfg['model']['path']} does not fit the model:\n{result['problems']}")
+            raise CheckpointError(f"checkpoint {cfg.model.path} does not fit the model:\n{result['problems']}")
         write_json(args.out / "probe.json", result)
     return 0
 

@@ -28,6 +28,7 @@ from ..errors import UserError
 from ..evaluation.answers import evaluate
 from ..evaluation.answers import table as evaluation_table
 from ..provenance import exit_after, run_record, stage_parser, write_json
+from ..config import View
 from ..data.sample_store import LazySamples, SampleReader, index_samples
 from ..training.batches import collate
 from ..media.pixels import load_video_processor
@@ -174,13 +175,13 @@ def forward_agreement(model, rows: list[dict], pad_id: int, video_processor) -> 
             "window_ids": [row["window_id"] for row in rows]}
 
 
-def verify(cfg: dict, adapter_dir: Path, samples_path: Path) -> dict:
+def verify(cfg: View, adapter_dir: Path, samples_path: Path) -> dict:
     from transformers import AutoTokenizer
 
-    model_dir = Path(cfg["model"]["path"])
+    model_dir = Path(cfg.model.path)
     started = time.perf_counter()
     files = adapter_files(adapter_dir)
-    model = load_model(model_dir, adapter_dir, verify_dtype(cfg["verify"]["dtype"]))
+    model = load_model(model_dir, adapter_dir, verify_dtype(cfg.verify.dtype))
     load_seconds = time.perf_counter() - started
     tensors = compare_adapter(model, adapter_dir)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
@@ -190,11 +191,11 @@ def verify(cfg: dict, adapter_dir: Path, samples_path: Path) -> dict:
     val = LazySamples(reader)
     started = time.perf_counter()
     think_block = json.loads(Path(samples_path).read_text())["think_block"]
-    evaluation = evaluate(model, val[: cfg["verify"]["eval_windows"] or len(val)], tokenizer, video_processor,
-                          cfg["verify"]["max_new_tokens"], think_block)
+    evaluation = evaluate(model, val[: cfg.verify.eval_windows or len(val)], tokenizer, video_processor,
+                          cfg.verify.max_new_tokens, think_block)
     evaluation["seconds"] = time.perf_counter() - started
     # merge_and_unload folds the adapter into the base: compared last, once nothing else needs it
-    forward = forward_agreement(model, val[: cfg["verify"]["forward_samples"]], tokenizer.pad_token_id or 0,
+    forward = forward_agreement(model, val[: cfg.verify.forward_samples], tokenizer.pad_token_id or 0,
                                 video_processor)
     reader.close()
     problems = list(tensors["problems"])

@@ -23,6 +23,7 @@ import pyarrow.parquet as pq
 
 from .. import config as config_lib
 from ..provenance import exit_after, run_record, stage_parser, write_json
+from ..config import View
 from ..data.rejects import Rejects
 from ..media.timeline import Range, merge_ranges, resolve_video, window_bounds
 from ..media.video import VideoFile
@@ -106,7 +107,7 @@ def _checked_ranges(ranges, field: str) -> list[Range]:
     return checked
 
 
-def parse_annotation(line: str, data_cfg: dict) -> dict:
+def parse_annotation(line: str, data_cfg: View) -> dict:
     """One JSONL line as ``{video, query, id, keep, duration}``, checked.
 
     Formats: ``videosft`` (``video``, optional ``query``, ``id``, ``duration``, and ``keep``) and
@@ -117,10 +118,10 @@ def parse_annotation(line: str, data_cfg: dict) -> dict:
         row = json.loads(line)
     except json.JSONDecodeError as error:
         raise ValueError(f"not valid JSON ({error.msg} at column {error.colno})") from None
-    if data_cfg["format"] == "qvhighlights":
+    if data_cfg.format == "qvhighlights":
         if not isinstance(row, dict) or not isinstance(row.get("vid"), str):
             raise ValueError('needs an object with a string "vid"')
-        video, keep, key, id_key = row["vid"] + data_cfg["video_suffix"], row.get("relevant_windows"), "relevant_windows", "qid"
+        video, keep, key, id_key = row["vid"] + data_cfg.video_suffix, row.get("relevant_windows"), "relevant_windows", "qid"
     else:
         if not isinstance(row, dict) or not isinstance(row.get("video"), str):
             raise ValueError('needs an object with a string "video"')
@@ -145,9 +146,9 @@ def window_id(ann: dict, index: int) -> str:
     return base
 
 
-def annotation_duration(ann: dict, root: Path, data_cfg: dict) -> float:
+def annotation_duration(ann: dict, root: Path, data_cfg: View) -> float:
     """Seconds of the video: from the container, or from the annotation (videos not opened)."""
-    if data_cfg["duration"] == "annotation":
+    if data_cfg.duration == "annotation":
         if ann["duration"] is None:
             raise ValueError('data.duration is "annotation" but the line has no "duration"')
         return float(ann["duration"])
@@ -172,8 +173,8 @@ def limit_empty_windows(rows: list[dict], max_fraction: float, seed: int) -> lis
     return sorted(kept, key=lambda row: (row["video"], row["window_index"], row["window_id"]))
 
 
-def build_windows(annotations: Path, root: Path, cfg: dict, rejects: Rejects) -> tuple[list[dict], Counter]:
-    wcfg, data_cfg = cfg["window"], cfg["data"]
+def build_windows(annotations: Path, root: Path, cfg: View, rejects: Rejects) -> tuple[list[dict], Counter]:
+    wcfg, data_cfg = cfg.window, cfg.data
     counts: Counter = Counter()
     rows = []
     seen: set[tuple[str, str | None]] = set()
@@ -200,9 +201,9 @@ def build_windows(annotations: Path, root: Path, cfg: dict, rejects: Rejects) ->
         counts["annotations"] += 1
         counts["keep_ranges"] += len(ann["keep"])
         counts["keep_merged"] += merges
-        bounds = window_bounds(duration, wcfg["length"], wcfg["stride"], wcfg["tail"])
+        bounds = window_bounds(duration, wcfg.length, wcfg.stride, wcfg.tail)
         for index, (start, end) in enumerate(bounds):
-            aligned = realign(keep, start, end, wcfg["min_fragment"])
+            aligned = realign(keep, start, end, wcfg.min_fragment)
             counts["fragments_clipped"] += aligned.clipped
             counts["fragments_dropped"] += len(aligned.dropped)
             rows.append(
@@ -218,12 +219,12 @@ def build_windows(annotations: Path, root: Path, cfg: dict, rejects: Rejects) ->
                     "keep_local": [list(r) for r in aligned.local],
                 }
             )
-    splits = assign_splits([row["video"] for row in rows], wcfg["val_fraction"], wcfg["seed"])
+    splits = assign_splits([row["video"] for row in rows], wcfg.val_fraction, wcfg.seed)
     for row in rows:
         row["split"] = splits[row["video"]]
     counts["windows_made"] = len(rows)
     counts["windows_empty_made"] = sum(not row["keep_local"] for row in rows)
-    rows = limit_empty_windows(rows, wcfg["max_empty_fraction"], wcfg["seed"])
+    rows = limit_empty_windows(rows, wcfg.max_empty_fraction, wcfg.seed)
     counts["windows"] = len(rows)
     counts["windows_empty"] = sum(not row["keep_local"] for row in rows)
     counts["windows_empty_dropped"] = counts["windows_empty_made"] - counts["windows_empty"]
@@ -249,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = config_lib.load(args.config, "window")
     with run_record("window", args.out, cfg, args) as record:
         rejects = Rejects(args.out / "rejects.jsonl")
-        rows, counts = build_windows(Path(cfg["data"]["annotations"]), Path(cfg["data"]["root"]), cfg, rejects)
+        rows, counts = build_windows(Path(cfg.data.annotations), Path(cfg.data.root), cfg, rejects)
         write_windows(rows, args.out / "windows.parquet")
         record["results"] = {"counts": dict(counts), "rejects": rejects.summary()}
         write_json(args.out / "summary.json", record["results"])
@@ -259,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
               f"keep ranges merged, {counts['fragments_clipped']} clipped at window edges, "
               f"{counts['fragments_dropped']} fragments shorter than window.min_fragment dropped; "
               f"{len(rejects)} lines rejected")
-        rejects.check(cfg["data"]["max_reject_fraction"], total=counts["annotations"] + len(rejects),
+        rejects.check(cfg.data.max_reject_fraction, total=counts["annotations"] + len(rejects),
                       what="annotation lines")
     return 0
 

@@ -25,6 +25,7 @@ norms, SwiGLU and convolution too (``videosft.kernels.fused``).
 from __future__ import annotations
 
 import os
+import types
 from dataclasses import dataclass
 
 from ..kernels.fused import ENV as FUSED_ENV
@@ -134,6 +135,28 @@ def precision_bytes(precision: str) -> int:
     return 4 if precision == "fp32" else 2
 
 
+def largest_block(model: ModelFacts) -> int:
+    """The most parameters ZeRO-3 assembles for one module: a decoder layer, the embedding or the LM head."""
+    return max(model.largest_layer_parameters, model.embedding_parameters, model.lm_head_parameters)
+
+
+def gathered_parameters(model: ModelFacts, world: int, ds_zero: dict, weights_on_host: bool,
+                        whole_blocks: bool) -> int:
+    """The parameters gathered whole at the peak, beside each rank's own partition."""
+    if world == 1 and not weights_on_host:
+        # DeepSpeed hands each module its partition, which is the whole tensor: nothing is gathered
+        # (partition_parameters.py, NoGatherHandle)
+        return 0
+    if whole_blocks:
+        # whole blocks are gathered past the live limit, and the whole embedding (the tied LM head
+        # at the logits) is live beside a layer: the measured +1.39 GiB over per-module gathering on
+        # 2x H200 at 128 frames
+        return largest_block(model) + model.largest_layer_parameters
+    prefetch = int(ds_zero.get("stage3_prefetch_bucket_size", 5e7))
+    max_live = int(ds_zero.get("stage3_max_live_parameters", 1e9))
+    return min(max_live, largest_block(model) + prefetch)  # the live limit caps per-module gathering
+
+
 def plan_peak(model: ModelFacts, sample: SampleFacts, trainable: int, world: int, ds_zero: dict,
               precision: str = "bf16", sliced_logits: bool = True, checkpointing: bool = True,
               kernels: str | None = None, offload_activations: bool = False,
@@ -146,10 +169,7 @@ def plan_peak(model: ModelFacts, sample: SampleFacts, trainable: int, world: int
     kernels = kernels or planned_kernels()
     backward_over_forward, reserved_over_allocated = COEFFICIENTS[kernels]
     p = precision_bytes(precision)
-    prefetch = int(ds_zero.get("stage3_prefetch_bucket_size", 5e7))
-    max_live = int(ds_zero.get("stage3_max_live_parameters", 1e9))
     reduce_bucket = int(ds_zero.get("reduce_bucket_size", 5e8))
-    largest_block = max(model.largest_layer_parameters, model.embedding_parameters, model.lm_head_parameters)
     tokens = sample.input_tokens
     patches = sample.visual_tokens * model.merge**2
     layer_forward = tokens * p * (model.attention_width + 3 * model.intermediate + 4 * model.hidden)
@@ -163,17 +183,7 @@ def plan_peak(model: ModelFacts, sample: SampleFacts, trainable: int, world: int
     vision = patches * p * (4 * model.vision_hidden + model.vision_intermediate) + \
         patches_per_frame_pair**2 * model.vision_heads * p
     weights_on_host = ds_zero.get("offload_param", {}).get("device", "none") in ("cpu", "nvme")
-    if world == 1 and not weights_on_host:
-        # DeepSpeed hands each module its partition, which is the whole tensor: nothing is gathered
-        # (partition_parameters.py, NoGatherHandle)
-        gathered = 0
-    elif whole_blocks:
-        # whole blocks are gathered past the live limit, and the whole embedding (the tied LM head
-        # at the logits) is live beside a layer: the measured +1.39 GiB over per-module gathering on
-        # 2x H200 at 128 frames
-        gathered = largest_block + model.largest_layer_parameters
-    else:
-        gathered = min(max_live, largest_block + prefetch)  # the live limit caps per-module gathering
+    gathered = gathered_parameters(model, world, ds_zero, weights_on_host, whole_blocks)
     components = {
         "weights_partitioned": 0 if weights_on_host else model.parameters * p / world,
         "persistent_small_parameters": model.small_parameters * p * (world - 1) / world,
@@ -181,7 +191,7 @@ def plan_peak(model: ModelFacts, sample: SampleFacts, trainable: int, world: int
         # under offload_param the rank's partition of the block being gathered is staged on the GPU
         # for the all-gather (the largest: the embedding); fits the two measured offload peaks
         # (bench/RESULTS.md) within 8%, where without it they were 8% and 20% low
-        "offload_staging": largest_block * p / world if weights_on_host else 0,
+        "offload_staging": largest_block(model) * p / world if weights_on_host else 0,
         "lora_weights_grads_adam": trainable * (2 * p + 12) / world,
         # with contiguous_gradients DeepSpeed allocates a whole reduce bucket up front (stage3.py, "IPG")
         "gradient_reduce_buffer": (reduce_bucket if ds_zero.get("contiguous_gradients", True) else 0) * p
@@ -269,3 +279,73 @@ def flowchart(model: ModelFacts, sample: SampleFacts, trainable: int, world: int
                   "answer": "fits" if lora["reserved_gib"] <= limit_gib else "does not fit",
                   "why": "only the adapters carry gradients and optimizer states"})
     return steps
+
+
+@dataclass(frozen=True)
+class PlanOptions:
+    """What of the train config shapes the peak (:data:`videosft.config.MEMORY_PLAN_KEYS`), made once for
+    the probe's plan and for the train stage's prediction beside its measured peaks."""
+
+    precision: str
+    checkpointing: bool
+    offload_activations: bool
+    whole_blocks: bool
+    kernels: str
+    micro_batch_size: int
+    pack_tokens: int | None
+
+    @classmethod
+    def of(cls, train_cfg, precision: str | None = None, kernels: str | None = None) -> "PlanOptions":
+        """From the train section. The probe plans for bf16 where the run will choose (``auto``) and for the
+        kernels this environment will bind; the train stage gives what it chose and bound."""
+        precision = precision or ("bf16" if train_cfg.precision in ("auto", "bf16") else train_cfg.precision)
+        return cls(precision, train_cfg.gradient_checkpointing, train_cfg.offload_activations,
+                   train_cfg.gather_whole_blocks, kernels or planned_kernels(train_cfg.fused_kernels),
+                   train_cfg.micro_batch_size, train_cfg.pack_tokens or None)
+
+    @property
+    def peak(self) -> dict:
+        """:func:`plan_peak`'s keyword options."""
+        return {"precision": self.precision, "checkpointing": self.checkpointing, "kernels": self.kernels,
+                "offload_activations": self.offload_activations, "whole_blocks": self.whole_blocks}
+
+    @property
+    def batching(self) -> dict:
+        """:func:`micro_batch`'s keyword options."""
+        return {"micro_batch_size": self.micro_batch_size, "pack_tokens": self.pack_tokens}
+
+
+def kernel_set(kernels: dict) -> str:
+    """The planner's name (a key of :data:`COEFFICIENTS`) for the kernels a train run bound, from its record."""
+    if kernels["gated_deltanet"]["implementation"] == "torch":
+        return "torch"
+    if "fla" in kernels["fused"]["implementation"].values():
+        return "fla"
+    return "fla-unfused" if kernels["gated_deltanet"]["implementation"] == "fla" else "torch"
+
+
+def planned_batches(index, packed_plan=None) -> list:
+    """What a train run's prediction is sized by: its samples (index entries), or with packing each pack
+    of ``packed_plan`` (the first epoch's) as one sample of all its tokens and frames."""
+    if packed_plan is None:
+        return list(index)
+    return [types.SimpleNamespace(**{key: sum(getattr(index[i], key) for i in pack) for key in
+                                     ("input_tokens", "visual_tokens", "supervised_tokens", "frames")})
+            for packs in packed_plan.packs for pack in packs]
+
+
+def memory_comparison(probe: dict, batches: list, world: int, ds_zero: dict, options: PlanOptions,
+                      peaks: list[list[dict]]) -> dict:
+    """The planner's prediction for a train run beside each rank's measured peak. ``batches``: the samples
+    (padded micro-batches are sized here), or with packing its packs, each as one sample of all its tokens."""
+    facts = probe.get("memory", {}) and probe["memory"].get("model_facts")
+    measured = {rank: {key: max(step[key] for step in steps) for key in steps[0]} if steps else {}
+                for rank, steps in enumerate(peaks)}
+    if not facts:
+        return {"measured": measured}
+    longest = max(batches, key=lambda entry: entry.input_tokens)
+    sample = micro_batch(SampleFacts(longest.input_tokens, longest.visual_tokens, longest.supervised_tokens,
+                                     longest.frames), options.micro_batch_size)
+    predicted = plan_peak(ModelFacts(**facts), sample, probe["lora"]["trainable_parameters"], world, ds_zero,
+                          **options.peak)
+    return {"predicted": predicted, "measured": measured}

@@ -9,12 +9,12 @@ the micro-batches are packs of several samples instead (:func:`packed_epoch_plan
 
 from __future__ import annotations
 
-import json
 import random
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..data.train_logs import read_ledger
 from ..errors import UserError
 
 
@@ -171,10 +171,7 @@ def check_ledgers(out: Path, world: int, n_samples: int, plan_for, window_ids: l
     finished, the ranks together must have read every train sample (once, plus the padded
     repeats; minus the dropped ones, which the record names).
     """
-    consumed: dict[int, list[dict]] = {}
-    for rank in range(world):
-        path = out / f"ledger.rank{rank}.jsonl"
-        consumed[rank] = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    consumed = {rank: read_ledger(out, rank) for rank in range(world)}
     epochs = max((row["epoch"] for rows in consumed.values() for row in rows), default=0)
     finished, padded, dropped = [], [], []
     for epoch in range(epochs + 1):

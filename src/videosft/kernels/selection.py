@@ -1,0 +1,45 @@
+"""Which kernels a training run binds, in one place: fla's autotune table, the Gated-DeltaNet, the fused
+elementwise kernels, the vision tower's batched attention, packed attention and PyTorch's SDPA
+backends. Each fla kernel is bound only after it matches transformers' torch forward at the run's
+shapes (:mod:`videosft.kernels.checks`); what was bound is the run record's ``kernels`` entry.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from . import attention_backends, autotune, packed_attention
+from .fused import select_fused_kernels
+from .gated_deltanet import select_gated_delta_rule
+from .vision_attention import batch_vision_attention
+
+
+def before_build(meta_model, device, longest_tokens: int, autotune_table: tuple[Path, str, str] | None) -> dict:
+    """What is chosen before the weights take device memory: the autotune table (before the kernel checks,
+    the first to run fla's kernels), and the Gated-DeltaNet, whose check binds a function of the modeling
+    module and needs only the layers' shapes (its fp32 reference took 3.1 GiB more at 64 frames, enough
+    to break a 12 GiB card's plan). ``autotune_table``: where to save this GPU's choices when stopped."""
+    autotuned = autotune.apply(device)
+    if autotune_table is not None and device.type == "cuda":
+        autotune.save_when_stopped(*autotune_table)
+    return {"autotune": autotuned, "gated_deltanet": select_gated_delta_rule(meta_model, device, longest_tokens)}
+
+
+def bind(model, chosen: dict, device, longest_tokens: int, fused: str, packed: bool, padded: bool) -> dict:
+    """The rest, on the built model: the fused kernels (checked at ``longest_tokens``, a whole pack when
+    packing), one vision attention per layer, one causal attention per packed sample, and the SDPA
+    backends for padded or unpadded micro-batches."""
+    return {**chosen,
+            "fused": select_fused_kernels(model, device, longest_tokens, fused),
+            "vision_attention_batched": batch_vision_attention(model),
+            "packed_attention": packed_attention.bind(model) if packed else None,
+            "attention": attention_backends.for_batches(device, padded=padded)}
+
+
+def summary(kernels: dict, device) -> list[str]:
+    """The log lines that say what runs: the Gated-DeltaNet, the fused kernels, and on a GPU the autotune table."""
+    fused = {kind: impl for kind, impl in kernels["fused"]["implementation"].items() if impl}
+    lines = [f"Gated-DeltaNet: {kernels['gated_deltanet']['implementation']}; fused kernels: {fused}"]
+    if device.type == "cuda":
+        lines.append(autotune.summary(kernels["autotune"]))
+    return lines

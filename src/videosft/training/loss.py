@@ -1,0 +1,40 @@
+"""The training loss: cross-entropy at the supervised positions only, and per-token losses to compare."""
+
+from __future__ import annotations
+
+from ..encoding.chat import IGNORE_INDEX
+from .sampling import DataError
+
+
+def supervised_loss(model, batch: dict):
+    """Cross-entropy over the supervised positions only: the LM head never sees the rest.
+
+    The mean over every supervised token of the micro-batch: each token weighs the same, in a padded
+    batch as in a pack (``train.pack_tokens``), so a pack's loss is that of its samples as a padded
+    batch, and a sample's tokens count as they would there."""
+    import torch
+
+    labels = batch["labels"]
+    targets = labels[:, 1:]
+    positions = torch.nonzero((targets != IGNORE_INDEX).any(dim=0)).flatten()
+    if positions.numel() == 0:
+        raise DataError("a batch has no supervised token")
+    inputs = {key: value for key, value in batch.items() if key != "labels"}
+    logits = model(**inputs, logits_to_keep=positions, use_cache=False).logits
+    chosen = targets[:, positions]
+    return torch.nn.functional.cross_entropy(
+        logits.float().reshape(-1, logits.shape[-1]), chosen.reshape(-1), ignore_index=IGNORE_INDEX
+    )
+
+
+def token_losses(model, batch: dict, start: int = 0, end: int | None = None):
+    """Per-token cross-entropy, without gradients, at the supervised targets among tokens [start, end) of
+    the batch's first row: a packed sample's losses, to hold against the same sample's alone."""
+    import torch
+
+    with torch.no_grad():
+        logits = model(**{k: v for k, v in batch.items() if k != "labels"}, use_cache=False).logits[0].float()
+    end = end or logits.shape[0]
+    targets = batch["labels"][0, start + 1:end]
+    chosen = targets != IGNORE_INDEX
+    return torch.nn.functional.cross_entropy(logits[start:end - 1][chosen], targets[chosen], reduction="none")

@@ -1,0 +1,208 @@
+"""Setting up a model for LoRA training under DeepSpeed ZeRO-3: precision, the DeepSpeed config, the
+partitioned build, gradient checkpointing, whole-block gathering, LoRA, optimizer and schedule.
+
+The pieces the train stage puts together in :func:`videosft.stages.train.build_engine`; benchmarks
+and tests build their models with the same functions.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+from pathlib import Path
+
+from ..config import View
+from ..errors import ConfigError
+from ..models.checkpoint import model_class
+from ..models.lora import target_module_names
+
+
+SHM_COMM_OP = "deepspeed_shm_comm"  # DeepSpeed's name for its CPU shared-memory collectives op
+
+
+def init_distributed(seed: int, timeout_s: int) -> int:
+    """This process's place in the run (torchrun's environment): NCCL on GPUs, gloo on CPU; its rank."""
+    import datetime as dt
+    import os
+
+    # Before the first CUDA allocation. A long clip allocates and frees blocks of many sizes (layer
+    # inputs coming back from the host, offloaded weights); segments that grow keep the cache from
+    # fragmenting (bench/RESULTS.md). A value set by the user wins.
+    os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+    import deepspeed
+    import torch
+
+    torch.manual_seed(seed)
+    if torch.cuda.is_available():
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    else:
+        # On CPU, DeepSpeed compiles a shared-memory C++ op on first use (30 s, minutes on a loaded
+        # machine) that only its tensor-parallel inference all-reduce calls; training needs gloo alone.
+        deepspeed.ops.__compatible_ops__[SHM_COMM_OP] = False
+    deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo",
+                               timeout=dt.timedelta(seconds=timeout_s))
+    return torch.distributed.get_rank()
+
+
+def end_distributed() -> None:
+    import torch
+
+    torch.distributed.destroy_process_group()
+
+
+def choose_precision(requested: str) -> str:
+    import torch
+
+    if requested != "auto":
+        return requested
+    if torch.cuda.is_available():
+        return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
+    return "fp32"
+
+
+def deepspeed_config(path: Path, train_cfg: View, world: int, precision: str) -> dict:
+    """The DeepSpeed config file with its "auto" values filled from our config."""
+    ds = json.loads(Path(path).read_text())
+    ds["train_micro_batch_size_per_gpu"] = train_cfg.micro_batch_size
+    ds["gradient_accumulation_steps"] = train_cfg.grad_accum
+    ds["train_batch_size"] = train_cfg.micro_batch_size * train_cfg.grad_accum * world
+    ds["gradient_clipping"] = train_cfg.grad_clip
+    ds["bf16"] = {**ds.get("bf16", {}), "enabled": precision == "bf16"}
+    ds["fp16"] = {**ds.get("fp16", {}), "enabled": precision == "fp16"}
+    ds["zero_allow_untested_optimizer"] = True  # we bring torch's AdamW
+    if ds.get("zero_optimization", {}).get("stage") != 3:
+        raise ConfigError(f"{path}: zero_optimization.stage must be 3")
+    if ds["zero_optimization"].get("offload_param", {}).get("device") == "nvme":
+        raise ConfigError(f"{path}: offload_param to nvme is not supported (the loader writes each rank's partition "
+                          "in place, in device or host memory); use \"device\": \"cpu\"")
+    leftover = [key for key, value in ds.items() if value == "auto"]
+    if leftover:
+        raise ConfigError(f"{path}: no value for 'auto' keys {leftover}")
+    return ds
+
+
+def check_train_options(train_cfg: View) -> None:
+    """The train options that cannot work together, named before any model is built."""
+    if train_cfg.profile_step is not None and train_cfg.profile_step >= train_cfg.steps:
+        raise ConfigError(f"train.profile_step={train_cfg.profile_step} is not one of the "
+                          f"{train_cfg.steps} steps (train.steps): nothing would be profiled")
+    if train_cfg.gather_whole_blocks and not train_cfg.gradient_checkpointing:
+        # DeepSpeed releases a leaf block's weights when its forward ends and, without a
+        # recomputation to gather them again, its backward finds them partitioned
+        raise ConfigError("train.gather_whole_blocks needs train.gradient_checkpointing: true; "
+                          "set gather_whole_blocks: false to train without checkpointing")
+    if train_cfg.offload_activations and not train_cfg.gradient_checkpointing:
+        raise ConfigError("train.offload_activations moves the inputs that gradient checkpointing keeps; "
+                          "it needs train.gradient_checkpointing: true")
+    check_packing(train_cfg)
+
+
+def check_packing(train_cfg: View) -> None:
+    """The options packed batches (train.pack_tokens) cannot work with."""
+    if not train_cfg.pack_tokens:
+        return
+    if train_cfg.micro_batch_size != 1:
+        raise ConfigError(f"train.pack_tokens={train_cfg.pack_tokens} makes each micro-batch one pack of samples; "
+                          f"set train.micro_batch_size: 1 (it is {train_cfg.micro_batch_size}), or pack_tokens: null")
+    if train_cfg.tail == "error":
+        raise ConfigError("train.pack_tokens with train.tail: error: the number of packs changes from epoch to epoch, "
+                          "so whether it divides into the ranks cannot be promised before training; set train.tail "
+                          "to pad or drop (applied to whole packs)")
+
+
+def build_partitioned_model(model_dir: Path, ds_config: dict):
+    """The model, partitioned across ranks as it is built.
+
+    While an ``HfDeepSpeedConfig`` is alive, transformers builds inside ``deepspeed.zero.Init``
+    with its own guards (RoPE buffer dtypes, initialisation of partitioned weights); the weights
+    are then overwritten from the checkpoint by :func:`videosft.models.checkpoint.load_checkpoint`.
+    The returned config object must stay referenced for as long as the model is used.
+    """
+    from transformers import AutoConfig
+    from transformers.integrations import HfDeepSpeedConfig
+
+    keep_alive = HfDeepSpeedConfig(ds_config)
+    config = AutoConfig.from_pretrained(model_dir)
+    model = model_class(config)._from_config(config)
+    return model, keep_alive
+
+
+def add_lora(model, lora_cfg: View, seed: int):
+    import torch
+    from peft import LoraConfig, get_peft_model
+
+    for parameter in model.parameters():
+        parameter.requires_grad_(False)
+    targets = target_module_names(model, lora_cfg.target_modules)
+    if not targets:
+        raise ConfigError(f"lora.target_modules {lora_cfg.target_modules} match no module of the language model")
+    torch.manual_seed(seed)  # every rank initialises the same LoRA weights before ZeRO partitions them
+    peft_config = LoraConfig(r=lora_cfg.r, lora_alpha=lora_cfg.alpha, lora_dropout=lora_cfg.dropout,
+                             target_modules=targets, bias="none")
+    return get_peft_model(model, peft_config), targets
+
+
+def enable_checkpointing(model, offload: bool, pin_memory: bool) -> None:
+    """Gradient checkpointing of every decoder layer (non-reentrant). With ``offload``, the input each
+    layer keeps for its recomputation waits in host memory instead (pinned on a GPU: the copies run
+    asynchronously), and comes back when the backward pass reaches the layer.
+
+    transformers' own ``offload=True`` always asks for pinned memory, which fails without a GPU; and
+    a ``save_on_cpu`` around the whole model would also move every tensor saved outside the layers
+    (the LM head's input and weight among them) on every step."""
+    model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    if offload:
+        for module in model.modules():
+            if getattr(module, "gradient_checkpointing", False) and hasattr(module, "_gradient_checkpointing_func"):
+                module._gradient_checkpointing_func = functools.partial(
+                    _checkpoint_inputs_on_host, module._gradient_checkpointing_func, pin_memory)
+
+
+def _checkpoint_inputs_on_host(checkpoint, pin_memory: bool, function, *args, **kwargs):
+    from torch.autograd.graph import save_on_cpu
+
+    # torch's non-reentrant checkpoint saves the layer's inputs as saved tensors outside its own
+    # hooks, so these hooks take them; inside the layer the checkpoint's hooks save nothing.
+    with save_on_cpu(pin_memory=pin_memory):
+        return checkpoint(function, *args, **kwargs)
+
+
+def gather_whole_blocks(model) -> list[str]:
+    """Mark the model's no-split blocks (decoder layers, vision blocks) as ZeRO-3 leaf modules.
+
+    ZeRO-3 then fetches a block's weights in one gather when the block starts and releases them when
+    it ends, instead of running its fetch / release hooks around every linear layer and norm inside
+    it: on Qwen3.5-4B about 1,000 gathers of 5 MB and the hook work around each, three times a step
+    (forward, recomputation, backward). Returns the block class names."""
+    from deepspeed.utils import set_z3_leaf_modules
+
+    wanted = set(getattr(model, "_no_split_modules", None) or [])
+    classes = sorted({type(module) for module in model.modules() if type(module).__name__ in wanted},
+                     key=lambda cls: cls.__name__)
+    if not classes:
+        raise ConfigError(f"train.gather_whole_blocks: {type(model).__name__} names no blocks to gather whole "
+                          f"(_no_split_modules {sorted(wanted)}); set it to false for this model")
+    set_z3_leaf_modules(model, classes)
+    return [cls.__name__ for cls in classes]
+
+
+def lr_lambda(train_cfg: View):
+    """Linear warm-up over ``warmup_steps``, then a cosine from the full rate down to a tenth of it."""
+    warmup, steps = train_cfg.warmup_steps, train_cfg.steps
+
+    def factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / (warmup + 1)
+        progress = (step - warmup) / max(1, steps - warmup)
+        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+
+    return factor
+
+
+def optimizer_and_schedule(parameters: list, train_cfg: View):
+    """torch's AdamW over the trainable parameters and the learning-rate schedule around it."""
+    import torch
+
+    optimizer = torch.optim.AdamW(parameters, lr=train_cfg.lr, weight_decay=train_cfg.weight_decay)
+    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(train_cfg))
