@@ -185,7 +185,7 @@ def test_weight_instead_of_one_plus_weight_fails_and_names_the_kernel():
         assert row["passed"] == (row["kernel"] != "rms_norm_zero_centered")
         if not row["passed"]:
             assert row["relative_errors"]["out"] > 0.1
-    with pytest.raises(KernelCheckError, match=r"rms_norm_zero_centered \(videosft\.norm_kernels\.rms_norm"
+    with pytest.raises(KernelCheckError, match=r"rms_norm_zero_centered \(videosft\.kernels\.norms\.rms_norm"
                                                r".*Qwen3_5RMSNorm at dim=32.*VIDEOSFT_FUSED_KERNELS=torch"):
         fused.check_and_bind(sites, wrong, CPU, 40, "torch emulation")
     # nothing was bound
