@@ -12,7 +12,8 @@ import transformers.models.qwen3_5.modeling_qwen3_5 as modeling
 
 from conftest import scale_gradient
 from videosft.kernels import fused
-from videosft.kernels.gated_deltanet import RELATIVE_ERROR_BOUND, KernelCheckError
+from videosft.kernels.checks import CHECK_SHORT_TOKENS, RELATIVE_ERROR_BOUND, KernelCheckError
+from videosft.kernels.gated_deltanet import CONV_NAME
 
 CPU = torch.device("cpu")
 LENGTHS = [40, 7]
@@ -25,7 +26,7 @@ TEXT = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_laye
 @pytest.fixture(autouse=True)
 def _isolated(monkeypatch):
     """Each test starts from transformers' own convolution and without the switch in the environment."""
-    monkeypatch.setattr(modeling, fused.CONV_NAME, modeling.causal_conv1d_fn)  # restored afterwards
+    monkeypatch.setattr(modeling, CONV_NAME, modeling.causal_conv1d_fn)  # restored afterwards
     monkeypatch.delenv(fused.ENV, raising=False)
 
 
@@ -231,11 +232,6 @@ def test_a_wrong_gradient_alone_fails():
     assert row["relative_errors"]["out"] < 5e-3 and row["relative_errors"]["dgate"] < 5e-3
 
 
-def test_check_lengths_cap_at_8192_and_include_a_short_odd_one():
-    assert fused.check_lengths(13386) == [8192, 201]
-    assert fused.check_lengths(150) == [150]
-
-
 # ---------------------------------------------------------------- binding
 
 
@@ -371,6 +367,6 @@ def test_fla_matches_transformers_at_published_shapes(config):
     if not status["importable"]:
         pytest.skip(f"fla does not import: {status['error']}")
     sites, _ = fused.find_sites(fused.build_meta_model(PROJECT / "bench" / "configs" / config))
-    rows = fused.check_sites(sites, fused.fla_kernels(), [1000, 201], torch.device("cuda"))
+    rows = fused.check_sites(sites, fused.fla_kernels(), [1000, CHECK_SHORT_TOKENS], torch.device("cuda"))
     assert {row["kernel"] for row in rows} >= {"swiglu"}
     assert all(row["passed"] for row in rows), [row for row in rows if not row["passed"]]
