@@ -370,7 +370,7 @@ def main() -> None:
     if not args.no_check:  # on the last GPU while the checkpoint is built on the first
         longest = 100 * max(args.frames) + 600
         check = subprocess.Popen([sys.executable, "-m", "videosft.kernels.gated_deltanet", "--model-config", str(args.config),
-                                  "--tokens", str(min(longest, 16384)), "8192", "200", "--time"],
+                                  "--tokens", str(min(longest, 16384)), "8192", "201", "--time"],
                                  stdout=subprocess.PIPE, stderr=open(args.out / "kernel_check.log", "w"), text=True,
                                  cwd=ROOT, env={**env, "CUDA_VISIBLE_DEVICES": str(args.gpus - 1)})
     started = time.perf_counter()

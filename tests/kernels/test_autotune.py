@@ -91,7 +91,7 @@ STOPPED_RUN = """
 import os, signal, sys
 import triton
 import triton.language as tl
-from videosft import autotune
+from videosft.kernels import autotune
 
 @triton.autotune(configs=[triton.Config({"BLOCK": 16}, num_warps=2)], key=["n"])
 @triton.jit

@@ -12,7 +12,8 @@ import transformers.models.qwen3_5.modeling_qwen3_5 as modeling
 
 from conftest import scale_gradient
 from videosft.kernels import fused
-from videosft.kernels.gated_deltanet import RELATIVE_ERROR_BOUND, KernelCheckError
+from videosft.kernels.checks import CHECK_SHORT_TOKENS, RELATIVE_ERROR_BOUND, KernelCheckError
+from videosft.kernels.gated_deltanet import CONV_NAME
 
 CPU = torch.device("cpu")
 LENGTHS = [40, 7]
@@ -25,7 +26,7 @@ TEXT = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_laye
 @pytest.fixture(autouse=True)
 def _isolated(monkeypatch):
     """Each test starts from transformers' own convolution and without the switch in the environment."""
-    monkeypatch.setattr(modeling, fused.CONV_NAME, modeling.causal_conv1d_fn)  # restored afterwards
+    monkeypatch.setattr(modeling, CONV_NAME, modeling.causal_conv1d_fn)  # restored afterwards
     monkeypatch.delenv(fused.ENV, raising=False)
 
 
@@ -185,7 +186,7 @@ def test_weight_instead_of_one_plus_weight_fails_and_names_the_kernel():
         assert row["passed"] == (row["kernel"] != "rms_norm_zero_centered")
         if not row["passed"]:
             assert row["relative_errors"]["out"] > 0.1
-    with pytest.raises(KernelCheckError, match=r"rms_norm_zero_centered \(videosft\.norm_kernels\.rms_norm"
+    with pytest.raises(KernelCheckError, match=r"rms_norm_zero_centered \(videosft\.kernels\.norms\.rms_norm"
                                                r".*Qwen3_5RMSNorm at dim=32.*VIDEOSFT_FUSED_KERNELS=torch"):
         fused.check_and_bind(sites, wrong, CPU, 40, "torch emulation")
     # nothing was bound
@@ -229,11 +230,6 @@ def test_a_wrong_gradient_alone_fails():
     (row,) = fused.check_sites(mlp, kernels, [40], CPU)
     assert not row["passed"] and row["relative_errors"]["dup"] == pytest.approx(0.05, rel=0.1)
     assert row["relative_errors"]["out"] < 5e-3 and row["relative_errors"]["dgate"] < 5e-3
-
-
-def test_check_lengths_cap_at_8192_and_include_a_short_odd_one():
-    assert fused.check_lengths(13386) == [8192, 201]
-    assert fused.check_lengths(150) == [150]
 
 
 # ---------------------------------------------------------------- binding
@@ -371,6 +367,6 @@ def test_fla_matches_transformers_at_published_shapes(config):
     if not status["importable"]:
         pytest.skip(f"fla does not import: {status['error']}")
     sites, _ = fused.find_sites(fused.build_meta_model(PROJECT / "bench" / "configs" / config))
-    rows = fused.check_sites(sites, fused.fla_kernels(), [1000, 201], torch.device("cuda"))
+    rows = fused.check_sites(sites, fused.fla_kernels(), [1000, CHECK_SHORT_TOKENS], torch.device("cuda"))
     assert {row["kernel"] for row in rows} >= {"swiglu"}
     assert all(row["passed"] for row in rows), [row for row in rows if not row["passed"]]

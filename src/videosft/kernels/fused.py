@@ -37,11 +37,12 @@ How it is chosen, as :mod:`videosft.kernels.gated_deltanet` does for the Gated-D
 * Before anything is bound, every distinct (kind, class, shape) is checked on the device: the fused
   forward with bf16 inputs against the module's original forward with the same values in fp32
   (TF32 off), output and the gradient of every input and of the weight, relative error
-  ||x - ref|| / ||ref|| <= :data:`videosft.kernels.gated_deltanet.RELATIVE_ERROR_BOUND`, at the run's longest
-  sequence (capped at 8192 tokens) and at 201 tokens (odd, so every row tile and 64-token chunk
-  ends partial). Norms over heads get tokens x heads rows, as in the model. Weights are random
-  (the built ones are all zeros or all ones, which would hide w vs 1 + w) and tensors are fresh:
-  under ZeRO-3 a module's own parameters are empty outside its forward.
+  ||x - ref|| / ||ref|| <= :data:`videosft.kernels.checks.RELATIVE_ERROR_BOUND`, at the lengths of
+  :func:`videosft.kernels.checks.check_lengths`: the run's longest sequence (capped at 8192 tokens)
+  and 201 tokens (:data:`videosft.kernels.checks.CHECK_SHORT_TOKENS` says why 201). Norms over heads
+  get tokens x heads rows, as in the model. Weights are random (the built ones are all zeros or all
+  ones, which would hide w vs 1 + w) and tensors are fresh: under ZeRO-3 a module's own parameters
+  are empty outside its forward.
 * A failed check is an error on every rank naming the kernel, the shape and the switch; never a
   silent fallback. Each check row also carries the torch forward's own error in bf16, for scale.
 * Module forwards are replaced per instance (``module.forward``, a bound method), and they read
@@ -77,7 +78,6 @@ unpacked, so a packed run's equality with unpacked samples is measured by ``benc
 
 from __future__ import annotations
 
-import contextlib
 import inspect
 import os
 import sys
@@ -85,11 +85,12 @@ import time
 import types
 from dataclasses import dataclass, field
 
-from ..kernels.gated_deltanet import RELATIVE_ERROR_BOUND, KernelCheckError, _all_ranks_agree, check_parser, fla_import_status, milliseconds_per_call, relative_errors
-from ..kernels.gated_deltanet import check_lengths as kernel_check_lengths
+from ..kernels.checks import (CHOICES, RELATIVE_ERROR_BOUND, KernelCheckError, all_ranks_agree, check_lengths,
+                              check_parser, exact_fp32, fla_import_status, milliseconds_per_call, relative_errors,
+                              torch_reason, verdict)
+from ..kernels.gated_deltanet import CONV_NAME, per_sample
 
 ENV = "VIDEOSFT_FUSED_KERNELS"
-CHOICES = ("auto", "fla", "torch")
 KINDS = ("rms_norm_zero_centered", "rms_norm", "rms_norm_gated", "swiglu", "causal_conv1d")
 # what each kind binds, for the record and for error messages
 FLA_FUNCTIONS = {
@@ -101,9 +102,6 @@ FLA_FUNCTIONS = {
 }
 FLA_MODULES = ("fla.modules.norm.layernorm", "fla.modules.norm.fused_norm_gate", "fla.modules.activations",
                "fla.modules.causal_conv1d")
-CONV_NAME = "causal_conv1d_fn"  # the name Qwen3.5's Gated-DeltaNet calls in its modeling module
-# Odd, so the last tile of rows (16 to 128) and the last 64-token chunk are partial at any heads count.
-CHECK_SHORT_TOKENS = 201
 EPS_ATTRIBUTES = ("variance_epsilon", "eps")
 CONV_ACTIVATIONS = ("silu", "swish")
 
@@ -369,8 +367,6 @@ def torch_kernels() -> dict:
         if residual is not None or initial_state is not None or output_final_state:
             raise NotImplementedError("only the plain causal convolution is used here")
         if cu_seqlens is not None:  # as fla: each packed sample from zeros
-            from ..kernels.gated_deltanet import per_sample
-
             return per_sample(lambda part: causal_conv1d(part, weight, bias, activation=activation)[0],
                               cu_seqlens, 1, x), None
         channels, width = weight.shape
@@ -594,19 +590,6 @@ def _run(site: Site, forward, inputs: dict, device, upcast: bool) -> dict:
     return result
 
 
-@contextlib.contextmanager
-def exact_fp32():
-    """TF32 off, so the fp32 reference is fp32 (cuDNN convolutions default to TF32)."""
-    import torch
-
-    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
-    try:
-        yield
-    finally:
-        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
-
-
 def distinct_sites(sites: list[Site]) -> list[Site]:
     """One site per key, in model order."""
     chosen = {}
@@ -629,19 +612,13 @@ def check_sites(sites: list[Site], kernels: dict, lengths, device, bound: float 
                 errors = relative_errors(_run(site, candidate, inputs, device, upcast=False), expected)
                 # the torch forward's own error in bf16: what the fused kernel's error compares with
                 baseline = relative_errors(_run(site, reference, inputs, device, upcast=False), expected)
-                worst = max(errors.values())
                 rows.append({"kernel": site.kind, "class": type(site.module).__name__, "shape": dict(site.shape),
-                             "tokens": tokens, "relative_errors": errors, "max_relative_error": worst,
-                             "torch_bf16_max_relative_error": max(baseline.values()), "bound": bound,
-                             "passed": bool(worst <= bound)})
+                             "tokens": tokens, **verdict(errors, bound),
+                             "torch_bf16_max_relative_error": max(baseline.values())})
                 del inputs, expected
     if torch.device(device).type == "cuda":
         torch.cuda.empty_cache()
     return rows
-
-
-def check_lengths(longest_tokens: int) -> list[int]:
-    return kernel_check_lengths(longest_tokens, CHECK_SHORT_TOKENS)
 
 
 def describe_failures(rows: list[dict], limit: int = 4) -> str:
@@ -665,7 +642,7 @@ def check_and_bind(sites: list[Site], kernels: dict, device, longest_tokens: int
         rows, error = [], raised
     seconds = time.perf_counter() - started
     failed = [row for row in rows if not row["passed"]]
-    if not _all_ranks_agree(error is None and not failed, device):
+    if not all_ranks_agree(error is None and not failed, device):
         if error is not None:
             raise KernelCheckError(f"checking the fused kernels raised {type(error).__name__}: {error}. "
                                    f"Set {ENV}=torch to train with transformers' torch forwards instead.") from error
@@ -685,7 +662,8 @@ def check_and_bind(sites: list[Site], kernels: dict, device, longest_tokens: int
 def select_fused_kernels(model, device, longest_tokens: int, requested: str = "auto") -> dict:
     """Bind fla's fused kernels into the language model after checking them; return what the run record keeps.
 
-    ``longest_tokens``: the longest sequence of the run (the check runs at min(it, 8192) and 201).
+    ``longest_tokens``: the longest sequence of the run, from which
+    :func:`videosft.kernels.checks.check_lengths` takes the lengths checked.
     """
     import torch
 
@@ -705,18 +683,12 @@ def select_fused_kernels(model, device, longest_tokens: int, requested: str = "a
     if not sites:
         record["reason"] = "nothing in the language model to replace"
         return record
-    status = fla_status()
-    record["fla"] = status
-    use_fla = requested in ("auto", "fla") and status["importable"] and device.type == "cuda"
-    if requested == "fla" and not use_fla:
-        source = f"{ENV}=fla" if from_env else "requested='fla'"
-        raise KernelCheckError(f"{source} but fla cannot run here: "
-                               f"{status.get('error') or f'device {device} is not a CUDA device'}")
-    if not use_fla:
+    record["fla"] = fla_status()
+    reason = torch_reason(requested, record["fla"], device, f"{ENV}=fla" if from_env else "requested='fla'")
+    if reason is not None:
         unbind(sites)  # "torch" means transformers' forwards, also after an earlier selection
         record["implementation"] = {kind: "torch" if found[kind] else None for kind in KINDS}
-        record["reason"] = ("asked for" if requested == "torch" else
-                            "fla does not import" if not status["importable"] else "no CUDA device")
+        record["reason"] = reason
         return record
     record.update(check_and_bind(sites, fla_kernels(), device, longest_tokens, "fla"))
     return record
@@ -759,7 +731,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    args = check_parser(main.__doc__, CHECK_SHORT_TOKENS, "also time forward + backward, fused vs torch").parse_args(argv)
+    args = check_parser(main.__doc__, "also time forward + backward, fused vs torch").parse_args(argv)
     device = torch.device(args.device)
     sites, unrecognized = find_sites(build_meta_model(args.model_config))
     status = fla_status()

@@ -11,18 +11,19 @@ is exact (fp32 inside) but slow. This module makes the choice explicit and check
   >= 3.4, < 3.7.1 (fla issue #640: wrong ``dk`` / ``dbeta`` / ``dg`` at some shapes). Where that
   guard would fire, :func:`bypass_hopper_guard` turns it off in fla's ``chunk_o`` module only, and
   the kernel is used only if :func:`check_gated_delta_rule` finds its output and every input
-  gradient within ``RELATIVE_ERROR_BOUND`` of transformers' torch implementation (run in fp32) at
-  every layer shape of the model, at the longest sequence of the run (capped at ``CHECK_MAX_TOKENS``)
-  and at a length with a partial last chunk. Triton compiles these kernels per head count and head
-  size, not per length, so other lengths run the same code.
+  gradient within :data:`videosft.kernels.checks.RELATIVE_ERROR_BOUND` of transformers' torch
+  implementation (run in fp32) at every layer shape of the model, at the lengths of
+  :func:`videosft.kernels.checks.check_lengths`: the longest sequence of the run (capped) and a short
+  one with a partial last chunk. Triton compiles these kernels per head count and head size, not
+  per length, so other lengths run the same code.
 * A failed check is an error on every rank (never a silent fallback); the message names the
   switch to train with the torch implementation instead.
 * The chosen function is bound to the modeling module's ``torch_chunk_gated_delta_rule`` name, so
   what runs is what the run record says, whatever transformers picked at import.
 
 Only the chunked form is switched: training never takes the recurrent (single-token, cached) path.
-The causal 1-D convolution before it, and the norms around it, are :mod:`videosft.kernels.fused`'s, which
-checks them with this module's comparison (bound, relative errors, agreement of the ranks).
+The causal 1-D convolution before it, and the norms around it, are :mod:`videosft.kernels.fused`'s;
+both modules check their kernels with :mod:`videosft.kernels.checks`.
 
 Packed sequences (``train.pack_tokens``): the layer passes the boundaries it was given
 (``cu_seq_lens_q``) to the chunked rule as ``cu_seqlens`` and, in its keyword arguments, to the
@@ -40,23 +41,17 @@ import importlib.util
 import inspect
 import os
 import sys
+import time
 
-from ..errors import UserError
+from ..kernels.checks import (CHOICES, RELATIVE_ERROR_BOUND, KernelCheckError, all_ranks_agree, check_lengths,
+                              check_parser, fla_import_status, milliseconds_per_call, relative_errors, torch_reason,
+                              verdict)
 
 ENV = "VIDEOSFT_GATED_DELTANET"
-CHOICES = ("auto", "fla", "torch")
-# Relative error ||x - reference|| / ||reference|| allowed for the output and each input gradient:
-# a few bf16 roundings (bf16 keeps 8 significant bits, unit roundoff 2^-9 = 0.002). The bug behind
-# fla #640 / #984 shows as errors of 2e-2 to 0.5.
-RELATIVE_ERROR_BOUND = 1e-2
-CHECK_MAX_TOKENS = 8192
-CHECK_SHORT_TOKENS = 200  # 3 full chunks of 64 and a partial one
 NAME = "torch_chunk_gated_delta_rule"  # the name the modeling modules call
-CONV_NAME = "causal_conv1d_fn"  # the convolution before it, called with the layer's keyword arguments
-
-
-class KernelCheckError(UserError, RuntimeError):
-    """A kernel disagreed with the reference implementation."""
+# The convolution the layer calls before it, with its keyword arguments (so packed boundaries reach
+# it): wrapped here to run per sample, replaced by videosft.kernels.fused's kernel.
+CONV_NAME = "causal_conv1d_fn"
 
 
 # ---------------------------------------------------------------- implementations
@@ -141,19 +136,6 @@ def bind_packed_convolution(modeling) -> None:
         setattr(modeling, CONV_NAME, packed_convolution(current))
 
 
-def fla_import_status(modules: tuple[str, ...]) -> dict:
-    """Whether fla and ``modules`` of it import (Triton included), and the versions."""
-    try:
-        fla = importlib.import_module("fla")
-        for name in modules:
-            importlib.import_module(name)
-    except Exception as error:  # missing, or its Triton does not import
-        return {"importable": False, "error": f"{type(error).__name__}: {error}"}
-    import triton
-
-    return {"importable": True, "version": getattr(fla, "__version__", None), "triton": triton.__version__}
-
-
 def fla_status() -> dict:
     """Whether fla's Gated-DeltaNet imports, the versions, and whether its Hopper guard would refuse the backward."""
     status = fla_import_status(("fla.ops.common.chunk_o", "fla.ops.gated_delta_rule"))
@@ -236,21 +218,6 @@ def _run(function, inputs: dict, upcast: bool) -> dict:
     return result
 
 
-def relative_errors(candidate: dict, reference: dict) -> dict[str, float]:
-    """||candidate - reference|| / ||reference|| per tensor (fp32, whole tensor)."""
-    errors = {}
-    for name, ref in reference.items():
-        diff = (candidate[name].to(ref.device) - ref).norm().item()
-        scale = ref.norm().item()
-        errors[name] = diff / scale if scale > 0 else (0.0 if diff == 0 else float("inf"))
-    return errors
-
-
-def check_lengths(longest_tokens: int, short_tokens: int) -> list[int]:
-    """The run's longest sequence (capped at ``CHECK_MAX_TOKENS``) and a short one with a partial last chunk."""
-    return sorted({min(longest_tokens, CHECK_MAX_TOKENS), min(longest_tokens, short_tokens)}, reverse=True)
-
-
 def check_gated_delta_rule(candidate, reference, shapes, lengths, device, gates=("init", "slow"),
                            bound: float = RELATIVE_ERROR_BOUND) -> list[dict]:
     """Compare ``candidate`` (bf16 inputs, as in training) with ``reference`` (fp32) per shape, length, gate."""
@@ -262,10 +229,8 @@ def check_gated_delta_rule(candidate, reference, shapes, lengths, device, gates=
             for gate in gates:
                 inputs = check_inputs(shape, tokens, gate, device)
                 errors = relative_errors(_run(candidate, inputs, upcast=False), _run(reference, inputs, upcast=True))
-                worst = max(errors.values())
                 rows.append({"heads_k": shape[0], "heads_v": shape[1], "dim_k": shape[2], "dim_v": shape[3],
-                             "tokens": tokens, "gate": gate, "relative_errors": errors, "max_relative_error": worst,
-                             "bound": bound, "passed": bool(worst <= bound)})
+                             "tokens": tokens, "gate": gate, **verdict(errors, bound)})
                 del inputs
     if torch.device(device).type == "cuda":
         torch.cuda.empty_cache()
@@ -283,17 +248,6 @@ def gpu_implementation() -> str:
     return "fla" if importlib.util.find_spec("fla") else "torch"
 
 
-def _all_ranks_agree(ok: bool, device) -> bool:
-    import torch
-    import torch.distributed as dist
-
-    if not (dist.is_available() and dist.is_initialized()):
-        return ok
-    flag = torch.tensor([1 if ok else 0], device=device if dist.get_backend() == "nccl" else "cpu")
-    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
-    return bool(flag.item())
-
-
 def select_gated_delta_rule(model, device, longest_tokens: int, requested: str | None = None) -> dict:
     """Bind the checked implementation into the model's modeling module(s); return what the run record keeps."""
     requested = requested or os.environ.get(ENV, "auto")
@@ -309,33 +263,34 @@ def select_gated_delta_rule(model, device, longest_tokens: int, requested: str |
     for module in modules:
         bind_packed_convolution(module)
     references = {m: torch_reference(getattr(m, NAME)) for m in modules}
-    status = fla_status()
-    record["fla"] = status
-    use_fla = requested in ("auto", "fla") and status["importable"] and device.type == "cuda"
-    if requested == "fla" and not use_fla:
-        raise KernelCheckError(f"{ENV}=fla but fla cannot run here: "
-                               f"{status.get('error') or f'device {device} is not a CUDA device'}")
-    if not use_fla:
-        record["implementation"] = "torch"
-        record["reason"] = ("asked for" if requested == "torch" else
-                            "fla does not import" if not status["importable"] else "no CUDA device")
-        for module in modules:
-            setattr(module, NAME, torch_implementation(references[module]))
-        return record
+    record["fla"] = fla_status()
+    reason = torch_reason(requested, record["fla"], device, f"{ENV}=fla")
+    if reason is None:
+        chosen = checked_fla(shapes, references, device, longest_tokens, record)
+        record["implementation"] = "fla"
+    else:
+        chosen = {module: torch_implementation(reference) for module, reference in references.items()}
+        record["implementation"], record["reason"] = "torch", reason
+    for module, function in chosen.items():
+        setattr(module, NAME, function)
+    return record
 
-    import time
 
+def checked_fla(shapes: dict, references: dict, device, longest_tokens: int, record: dict) -> dict:
+    """fla's kernel for each modeling module, once it matched ``references`` at every layer shape on
+    every rank (else an error on every rank); the check goes into ``record``."""
     started = time.perf_counter()
     record["hopper_guard_bypassed"] = bypass_hopper_guard()
-    lengths = check_lengths(longest_tokens, CHECK_SHORT_TOKENS)
+    lengths = check_lengths(longest_tokens)
+    candidates = {module: fla_implementation(reference) for module, reference in references.items()}
     checks = []
-    candidates = {module: fla_implementation(references[module]) for module in modules}
     for shape, module in shapes.items():
         checks += check_gated_delta_rule(candidates[module], references[module], [shape], lengths, device)
     record["checks"] = checks
     record["check_seconds"] = time.perf_counter() - started
     failed = [row for row in checks if not row["passed"]]
-    if not _all_ranks_agree(not failed, device):
+    if not all_ranks_agree(not failed, device):
+        status = record["fla"]
         shown = "; ".join(f"{r['heads_k']}x{r['dim_k']} / {r['heads_v']}x{r['dim_v']} heads, {r['tokens']} tokens, "
                           f"{r['gate']} gates: max relative error {r['max_relative_error']:.3g}" for r in failed[:4])
         raise KernelCheckError(
@@ -343,35 +298,10 @@ def select_gated_delta_rule(model, device, longest_tokens: int, requested: str |
             f"bypassed: {record['hopper_guard_bypassed']}) disagrees with transformers' torch implementation beyond "
             f"{RELATIVE_ERROR_BOUND:g} on this or another rank: {shown or 'see the other rank'}. "
             f"Set {ENV}=torch to train with the torch implementation (slow, exact) instead.")
-    record["implementation"] = "fla"
-    for module in modules:
-        setattr(module, NAME, candidates[module])
-    return record
+    return candidates
 
 
 # ---------------------------------------------------------------- standalone check (benchmarks)
-
-
-def milliseconds_per_call(call, device, repeats: int = 3) -> float:
-    """Milliseconds per ``call()`` after one untimed call (Triton compiles and autotunes there): CUDA
-    events on a GPU, the wall clock elsewhere."""
-    import time
-
-    import torch
-
-    call()
-    if torch.device(device).type != "cuda":
-        started = time.perf_counter()
-        for _ in range(repeats):
-            call()
-        return (time.perf_counter() - started) * 1000 / repeats
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(repeats):
-        call()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / repeats
 
 
 def time_forward_backward(function, inputs: dict, repeats: int = 3) -> float:
@@ -383,30 +313,16 @@ def time_forward_backward(function, inputs: dict, repeats: int = 3) -> float:
     return milliseconds_per_call(lambda: _run(function, inputs, upcast=False), inputs["device"], repeats)
 
 
-def check_parser(description: str, short_tokens: int, time_help: str):
-    """The command line both standalone checks share."""
-    import argparse
-    from pathlib import Path
-
-    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model-config", type=Path, required=True, help="a model's config.json")
-    parser.add_argument("--tokens", type=int, nargs="+", default=[CHECK_MAX_TOKENS, short_tokens])
-    parser.add_argument("--device", default="cuda")
-    parser.add_argument("--time", action="store_true", help=time_help)
-    return parser
-
-
 def main(argv: list[str] | None = None) -> int:
     """Check fla against the torch implementation at a model's layer shapes; print one JSON object.
 
-        python -m videosft.kernels.gated_deltanet --model-config bench/configs/Qwen3.5-4B.json --tokens 13386 8192 200
+        python -m videosft.kernels.gated_deltanet --model-config bench/configs/Qwen3.5-4B.json --tokens 13386 8192 201
     """
     import json
 
     import torch
 
-    args = check_parser(main.__doc__, CHECK_SHORT_TOKENS,
-                        "also time forward + backward of both implementations").parse_args(argv)
+    args = check_parser(main.__doc__, "also time forward + backward of both implementations").parse_args(argv)
     config = json.loads(args.model_config.read_text())
     text = config.get("text_config", config)
     shape = (text["linear_num_key_heads"], text["linear_num_value_heads"], text["linear_key_head_dim"],
