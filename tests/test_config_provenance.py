@@ -25,11 +25,22 @@ def test_our_defaults_match_snakemake_validate():
     assert config_lib.resolve({}) == ours, "config.yaml should only restate defaults"
 
 
-def test_bad_config_names_the_key():
-    with pytest.raises(ValueError, match="config key train/tail"):
-        config_lib.resolve({"train": {"tail": "sometimes"}})
-    with pytest.raises(ValueError, match="Additional properties"):
-        config_lib.resolve({"trian": {}})
+def test_bad_config_names_each_key_its_value_and_what_is_allowed_in_a_line(monkeypatch):
+    monkeypatch.delenv("VIDEOSFT_DEBUG", raising=False)
+    with pytest.raises(ValueError) as raised:
+        config_lib.resolve({"train": {"tail": "sometimes", "steps": 0}, "trian": {}, "window": {"lenght": 8}})
+    lines = str(raised.value).splitlines()
+    assert lines == [
+        "config key trian: not a key of the config; did you mean train?",
+        "config key train.steps: 0 is not allowed; it must be at least 1",
+        'config key train.tail: "sometimes" is not allowed; it must be one of pad or drop or error',
+        "config key window.lenght: not a key of the config; did you mean window.length?",
+        "(every key, its meaning and default: workflow/schemas/config.schema.yaml)"]
+    with pytest.raises(ValueError, match="known keys here: .*length.*stride"):
+        config_lib.resolve({"window": {"xyzzy": 1}})  # nothing near it: the keys there are listed
+    monkeypatch.setenv("VIDEOSFT_DEBUG", "1")
+    with pytest.raises(ValueError, match="jsonschema: 'sometimes' is not one of"):
+        config_lib.resolve({"train": {"tail": "sometimes"}})  # the schema's own account on request
 
 
 def test_stage_sections_are_all_a_stage_gets():

@@ -59,16 +59,48 @@ def _fill_defaults(schema_: dict, instance: dict) -> None:
 
 
 def resolve(config: dict | None) -> dict:
-    """Validate a config dict and fill every default from the schema."""
+    """Validate a config dict and fill every default from the schema; every problem is named at once."""
     config = json.loads(json.dumps(config or {}))
     _fill_defaults(schema(), config)
-    try:
-        jsonschema.validate(config, schema())
-    except jsonschema.ValidationError as error:
-        where = "/".join(str(p) for p in error.absolute_path) or "(top level)"
-        raise ConfigError(f"config key {where}: {error.message}; see {SCHEMA_PATH.relative_to(PROJECT_DIR)} for "
-                          "every key, its meaning and default") from None
+    found = problems(config)
+    if found:
+        raise ConfigError("\n".join(found) + f"\n(every key, its meaning and default: "
+                          f"{SCHEMA_PATH.relative_to(PROJECT_DIR)})")
     return config
+
+
+# What a JSON-schema keyword asks of a value, in words.
+_ASKED = {"minimum": "at least {}", "exclusiveMinimum": "more than {}", "maximum": "at most {}",
+          "exclusiveMaximum": "less than {}", "minItems": "at least {} items", "enum": "one of {}",
+          "type": "of type {}"}
+
+
+def problems(config: dict) -> list[str]:
+    """One line per problem of ``config`` against the schema: the key, its value, what is allowed, and
+    for an unknown key the nearest known one. ``VIDEOSFT_DEBUG=1`` adds jsonschema's own account."""
+    import difflib
+    import os
+
+    lines = []
+    for error in sorted(jsonschema.Draft202012Validator(schema()).iter_errors(config), key=lambda e: list(e.path)):
+        where = ".".join(str(part) for part in error.absolute_path)
+        if error.validator == "additionalProperties":
+            known = sorted(error.schema.get("properties", {}))
+            for key in sorted(set(error.instance) - set(known)):
+                name = f"{where}.{key}" if where else key
+                near = difflib.get_close_matches(key, known, n=1)
+                hint = f"did you mean {(where + '.') if where else ''}{near[0]}?" if near else \
+                    f"known keys here: {', '.join(known)}"
+                lines.append(f"config key {name}: not a key of the config; {hint}")
+        else:
+            value = error.validator_value
+            value = " or ".join(map(str, value)) if isinstance(value, list) else value
+            asked = _ASKED.get(error.validator, "").format(value) or error.message
+            lines.append(f"config key {where or '(top level)'}: {json.dumps(error.instance)} is not allowed; "
+                         f"it must be {asked}")
+        if os.environ.get("VIDEOSFT_DEBUG") == "1":
+            lines.append(f"  (jsonschema: {error})")
+    return lines
 
 
 def stage_config(stage: str, config: dict) -> dict:

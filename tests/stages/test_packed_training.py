@@ -10,6 +10,7 @@ from safetensors.torch import load_file
 
 from conftest import run_torchrun
 from test_train_policies import DIE_WHILE_SAVING, record_of, train_args, with_train
+from videosft import config as config_lib
 from videosft.errors import ConfigError
 from videosft.data.sample_store import read_samples
 from videosft.training.setup import check_packing
@@ -65,5 +66,6 @@ def test_a_sample_longer_than_the_pack_budget_stops_the_run_naming_it(prepared, 
                                               ({"tail": "error"}, "set train.tail to pad or drop")])
 def test_options_packing_cannot_work_with_are_refused(options, message):
     with pytest.raises(ConfigError, match=message):
-        check_packing({"pack_tokens": 4096, "micro_batch_size": 1, "tail": "pad", **options})
-    check_packing({"pack_tokens": None, "micro_batch_size": 2, "tail": "error"})  # off: anything goes
+        check_packing(config_lib.section("train", {"pack_tokens": 4096, "micro_batch_size": 1, "tail": "pad",
+                                                   **options}))
+    check_packing(config_lib.section("train", {"pack_tokens": None, "micro_batch_size": 2, "tail": "error"}))  # off

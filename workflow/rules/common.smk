@@ -1,22 +1,28 @@
 import functools
 import json
+import os
 import sys
 from pathlib import Path
 
 from snakemake.exceptions import WorkflowError
-from snakemake.utils import validate
 
+SRC = Path(workflow.basedir) / "src"
+sys.path.insert(0, str(SRC))
+from videosft.config import resolve, stage_config
+from videosft.errors import ConfigError
+from videosft.provenance import path_fingerprint, stage_sources
 
-validate(config, "../schemas/config.schema.yaml")
+# The schema (workflow/schemas/config.schema.yaml) validates the config and fills its defaults, with one
+# line per problem (the key, its value, what is allowed, the nearest key for a typo) instead of
+# jsonschema's dump of the whole section; VIDEOSFT_DEBUG=1 adds the dump.
+try:
+    config.update(resolve(config))
+except ConfigError as error:
+    raise WorkflowError(str(error)) from None
 
 
 wildcard_constraints:
     shard=r"\d+",
-
-SRC = Path(workflow.basedir) / "src"
-sys.path.insert(0, str(SRC))
-from videosft.config import stage_config
-from videosft.provenance import path_fingerprint, stage_sources
 
 ENV = "../envs/videosft.yaml"
 
@@ -39,7 +45,10 @@ def stage_json(stage):
     return lambda wildcards: text
 
 
-DEMO = "data/demo"  # the demo rule's outputs, which Snakemake tracks itself
+def made_by_demo(path):
+    """Whether ``path`` is exactly one of the demo rule's outputs, which Snakemake tracks itself (a path
+    merely under data/demo/, such as a typo of one, is not)."""
+    return os.path.normpath(path) in {os.path.normpath(output) for output in rules.demo.output}
 
 
 def config_path(key):
@@ -47,7 +56,7 @@ def config_path(key):
     it: a missing input is an error before anything runs, never a run on earlier outputs."""
     section, name = key.split(".")
     path = config[section][name]
-    if not Path(path).exists() and not Path(path).is_relative_to(DEMO):
+    if not Path(path).exists() and not made_by_demo(path):
         raise WorkflowError(f"config {key}: {path} does not exist (working directory {Path.cwd()}). "
                             f"Point {key} at an existing path in your config file or with --config.")
     return path
@@ -55,14 +64,14 @@ def config_path(key):
 
 @functools.cache
 def _fingerprint(path):
-    return "made by rule demo" if Path(path).is_relative_to(DEMO) else path_fingerprint(path)
+    return "made by rule demo" if made_by_demo(path) else path_fingerprint(path)
 
 
 def data_fingerprint(*keys):
     """Params that change when any file at these config paths changes (size or modification time
     of the file, or of every file under the directory): Snakemake sees a directory input change only
     when an entry is added or removed, not when a video or checkpoint file in it is replaced."""
-    text = "; ".join(f"{key}={_fingerprint(config_path(key))}" for key in keys)
+    text = "; ".join(f"{key}={config_path(key)}: {_fingerprint(config_path(key))}" for key in keys)
     return lambda wildcards: text
 
 

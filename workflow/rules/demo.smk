@@ -6,6 +6,7 @@ rule demo:
         videos=directory("data/demo/videos"),
         annotations="data/demo/annotations.jsonl",
         model=directory("data/demo/model"),
+        summary="data/demo/demo.json",
         record="data/demo/run_record.json",
     params:
         job="demo",
