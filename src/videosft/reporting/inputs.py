@@ -60,7 +60,7 @@ class Inputs:
                 for name, path in vars(self).items()}
 
 
-def read(reader: Callable[[Path], T], path: Path | None, what: str, empty_is_missing: bool = True) -> T:
+def read_input(reader: Callable[[Path], T], path: Path | None, what: str, empty_is_missing: bool = True) -> T:
     """``reader(path)``, or Missing saying why there is nothing to read."""
     if path is None:
         raise Missing(f"{what}: not given")
@@ -72,10 +72,10 @@ def read(reader: Callable[[Path], T], path: Path | None, what: str, empty_is_mis
     return reader(path)
 
 
-def optional(read: Callable[[], T], default: Any = None) -> tuple[T | Any, str | None]:
-    """Call ``read``; a Missing input gives ``default`` and the reason."""
+def optional(reading: Callable[[], T], default: Any = None) -> tuple[T | Any, str | None]:
+    """Call ``reading``; a Missing input gives ``default`` and the reason."""
     try:
-        return read(), None
+        return reading(), None
     except Missing as missing:
         return default, str(missing)
 
@@ -86,37 +86,37 @@ def read_windows(path: Path) -> list[dict]:
 
 
 def windows(inputs: Inputs) -> list[dict]:
-    return read(read_windows, inputs.windows, "windows")
+    return read_input(read_windows, inputs.windows, "windows")
 
 
 def rejects(path: Path | None, stage: str) -> list[dict]:
     """The items a stage rejected; an empty file is a stage that rejected nothing."""
-    return read(read_rejects, path, f"{stage} rejects", empty_is_missing=False)
+    return read_input(read_rejects, path, f"{stage} rejects", empty_is_missing=False)
 
 
 def manifest(inputs: Inputs) -> dict:
-    return read(read_manifest, inputs.manifest, "preprocess manifest")
+    return read_input(read_manifest, inputs.manifest, "preprocess manifest")
 
 
 def planned_gpu_memory(inputs: Inputs) -> float | None:
-    return read(read_planned_gpu_memory, inputs.probe, "probe")
+    return read_input(read_planned_gpu_memory, inputs.probe, "probe")
 
 
 def train_results(inputs: Inputs) -> TrainResults:
-    return read(read_train_results, inputs.train, "train run record")
+    return read_input(read_train_results, inputs.train, "train run record")
 
 
 def step_logs(inputs: Inputs) -> dict[int, list[dict]]:
     """Rank -> its step entries."""
-    logs = read(read_all_steps, inputs.train_steps, "train step logs")
+    logs = read_input(read_all_steps, inputs.train_steps, "train step logs")
     if not any(logs.values()):
         raise Missing(f"train step logs: no step entries in {inputs.train_steps}")
     return logs
 
 
 def verify_result(inputs: Inputs) -> VerifyResult:
-    return read(read_verify, inputs.verify, "verify")
+    return read_input(read_verify, inputs.verify, "verify")
 
 
 def predict_summary(inputs: Inputs) -> PredictSummary:
-    return read(read_predict_summary, inputs.predict, "predict summary")
+    return read_input(read_predict_summary, inputs.predict, "predict summary")
