@@ -14,7 +14,7 @@ from conftest import stage_json
 from videosft import config as config_lib
 from videosft.stages import export
 from videosft.stages import predict
-from videosft.stages import report
+from videosft import reporting as report
 from videosft.evaluation.cutlist import clip_ranges, merge_votes
 from videosft.data.rejects import Rejects
 from videosft.data.sample_store import read_samples

@@ -14,9 +14,10 @@ import matplotlib.image
 import pytest
 
 from conftest import PROJECT, stage_json
+from videosft.data import train_logs
+from videosft.reporting import FIGURES, Inputs, make_report
 from videosft.stages import report
 
-FIGURES = report.FIGURES
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
@@ -35,7 +36,8 @@ def assert_svg(path: Path) -> str:
 
 
 def write_train(directory: Path, device: str = "cpu", world: int = 2, steps: int = 4) -> Path:
-    """A train stage's run record and step logs, shaped as train.py writes them."""
+    """A train stage's run record and step logs (per rank, and all of them in steps.jsonl), shaped as
+    train.py writes them."""
     directory.mkdir(parents=True, exist_ok=True)
     measured = {}
     for rank in range(world):
@@ -50,6 +52,7 @@ def write_train(directory: Path, device: str = "cpu", world: int = 2, steps: int
                                      **memory}))
         (directory / f"steps.rank{rank}.jsonl").write_text("\n".join(lines) + "\n")
         measured[str(rank)] = {key: value for key, value in json.loads(lines[-1]).items() if key.startswith("peak_")}
+    train_logs.write_all_steps(directory)
     record = {
         "stage": "train", "status": "ok",
         "results": {
@@ -102,26 +105,28 @@ def write_predict(path: Path, evaluation: bool = True) -> Path:
 
 
 @pytest.fixture(scope="module")
-def inputs(prepared, tmp_path_factory) -> report.Inputs:
+def inputs(prepared, tmp_path_factory) -> Inputs:
     """Real window / preprocess / probe outputs; train and verify outputs as those stages write them."""
     extra = tmp_path_factory.mktemp("report-inputs")
     window_rejects = extra / "window-rejects.jsonl"  # the demo has none: add two, of two reasons
     window_rejects.write_text(
         json.dumps({"where": "annotations.jsonl:7", "reason": "FileNotFoundError", "error": "no video"}) + "\n"
         + json.dumps({"where": "annotations.jsonl:9", "reason": "ValueError", "error": "keep range"}) + "\n")
-    return report.Inputs(
+    train = write_train(extra / "train")
+    return Inputs(
         windows=prepared / "window" / "windows.parquet",
         window_rejects=window_rejects,
         manifest=prepared / "preprocess" / "manifest.json",
         preprocess_rejects=prepared / "preprocess" / "rejects.jsonl",
         probe=prepared / "probe" / "probe.json",
-        train=write_train(extra / "train"),
+        train=train,
+        train_steps=train.parent / "steps.jsonl",
         verify=write_verify(extra / "verify" / "verify.json"),
         predict=write_predict(extra / "predict" / "summary.json"),
     )
 
 
-def report_args(inputs: report.Inputs, out: Path) -> list[str]:
+def report_args(inputs: Inputs, out: Path) -> list[str]:
     args = ["--config", stage_json("report"), "--out", str(out)]
     for name, path in vars(inputs).items():
         if path is not None:
@@ -153,8 +158,9 @@ def test_svg_figures_keep_their_text(inputs, tmp_path):
 
 
 def test_gpu_memory_is_drawn_against_the_prediction(inputs, tmp_path):
-    gpu = report.Inputs(**{**vars(inputs), "train": write_train(tmp_path / "train", device="cuda:0")})
-    result = report.make_report(gpu, tmp_path / "out", fmt="svg")
+    train = write_train(tmp_path / "train", device="cuda:0")
+    gpu = Inputs(**{**vars(inputs), "train": train, "train_steps": train.parent / "steps.jsonl"})
+    result = make_report(gpu, tmp_path / "out", fmt="svg")
     assert result["placeholders"] == []
     text = assert_svg(tmp_path / "out" / "memory.svg")
     for label in ("rank 0 peak allocated", "rank 1 peak reserved", "predicted allocated", "predicted reserved",
@@ -165,9 +171,10 @@ def test_gpu_memory_is_drawn_against_the_prediction(inputs, tmp_path):
 
 def test_missing_optional_inputs_give_placeholder_figures(inputs, tmp_path):
     absent = tmp_path / "absent"
-    partial = report.Inputs(windows=inputs.windows, manifest=inputs.manifest, probe=None,
-                            window_rejects=absent / "rejects.jsonl", preprocess_rejects=None,
-                            train=absent / "run_record.json", verify=absent / "verify.json")
+    partial = Inputs(windows=inputs.windows, manifest=inputs.manifest, probe=None,
+                     window_rejects=absent / "rejects.jsonl", preprocess_rejects=None,
+                     train=absent / "run_record.json", train_steps=absent / "steps.jsonl",
+                     verify=absent / "verify.json")
     out = tmp_path / "report"
     assert report.main(report_args(partial, out)) == 0
     results = json.loads((out / "run_record.json").read_text())["results"]
@@ -193,12 +200,13 @@ def test_empty_step_logs_and_a_verify_without_evaluation_give_placeholders(input
     train = write_train(tmp_path / "train")
     for path in train.parent.glob("steps.rank*.jsonl"):
         path.write_text("")
+    train_logs.write_all_steps(train.parent)
     record = json.loads(train.read_text())
     del record["results"]["memory"]
     train.write_text(json.dumps(record))
-    empty = report.Inputs(**{**vars(inputs), "train": train, "predict": None,
-                             "verify": write_verify(tmp_path / "verify.json", evaluation=False)})
-    result = report.make_report(empty, tmp_path / "out")
+    empty = Inputs(**{**vars(inputs), "train": train, "train_steps": train.parent / "steps.jsonl", "predict": None,
+                      "verify": write_verify(tmp_path / "verify.json", evaluation=False)})
+    result = make_report(empty, tmp_path / "out")
     assert result["placeholders"] == ["evaluation", "loss", "memory"] and result["problems"] == []
     assert result["figures"]["load"]["placeholder"] is None  # the load times are still there
     for name in FIGURES:
@@ -210,8 +218,8 @@ def test_a_figure_that_fails_is_recorded_not_fatal(inputs, tmp_path):
     broken.write_text(json.dumps({"evaluation": {"base": {"mIoU": 0.5}, "fine_tuned": {"mIoU": "high"}},
                                   "load_seconds": "soon"}))
     (tmp_path / "manifest.json").write_text("{not json")
-    result = report.make_report(report.Inputs(**{**vars(inputs), "verify": broken,
-                                                 "manifest": tmp_path / "manifest.json"}), tmp_path / "out")
+    result = make_report(Inputs(**{**vars(inputs), "verify": broken, "manifest": tmp_path / "manifest.json"}),
+                         tmp_path / "out")
     assert "tokens" in result["placeholders"] and any(p.startswith("tokens:") for p in result["problems"])
     assert result["figures"]["evaluation"]["placeholder"] is None  # the numeric metric is drawn
     for name in FIGURES:
@@ -219,7 +227,7 @@ def test_a_figure_that_fails_is_recorded_not_fatal(inputs, tmp_path):
 
 
 def test_the_evaluation_table_holds_base_and_fine_tuned_values(inputs, tmp_path):
-    report.make_report(inputs, tmp_path)
+    make_report(inputs, tmp_path)
     with open(tmp_path / "evaluation.csv") as handle:
         rows = {row["metric"]: row for row in csv.DictReader(handle)}
     assert set(rows) == {k for k in BASE if k != "num_samples"}
@@ -246,4 +254,4 @@ def test_the_evaluation_table_holds_base_and_fine_tuned_values(inputs, tmp_path)
 def test_the_report_stage_runs_as_a_module():
     result = subprocess.run([sys.executable, "-m", "videosft.stages.report", "--help"], capture_output=True, text=True,
                             timeout=60, cwd=PROJECT)
-    assert result.returncode == 0 and "--verify" in result.stdout and "--train" in result.stdout
+    assert result.returncode == 0 and "--verify" in result.stdout and "--train-steps" in result.stdout

@@ -97,7 +97,7 @@ def test_every_stage_writes_its_outputs_and_a_run_record(full_run):
 
 
 def test_snakemake_report_embeds_every_figure(full_run):
-    from videosft.stages.report import FIGURES
+    from videosft.reporting import FIGURES
 
     record = json.loads((full_run / "results/report/run_record.json").read_text())
     assert record["status"] == "ok" and record["results"]["placeholders"] == [], record["results"]

@@ -18,7 +18,8 @@ rule report:
         manifest=rules.preprocess.output.manifest,
         preprocess_rejects=rules.preprocess.output.rejects,
         probe=rules.probe.output.probe,
-        train=rules.train.output.record,  # steps.rank*.jsonl are read beside it
+        train=rules.train.output.record,
+        train_steps=rules.train.output.steps,
         verify=rules.verify.output.verify,
         after=rules.window.output.record,
         code=sources("report"),
@@ -83,4 +84,4 @@ rule report:
         "python -m videosft.stages.report --config {params.cfg:q} --code {input.code} --job {params.job} --after {input.after} "
         "--windows {input.windows} --window-rejects {input.window_rejects} --manifest {input.manifest} "
         "--preprocess-rejects {input.preprocess_rejects} --probe {input.probe} --train {input.train} "
-        "--verify {input.verify} {params.predict} --out {params.out} > {log} 2>&1"
+        "--train-steps {input.train_steps} --verify {input.verify} {params.predict} --out {params.out} > {log} 2>&1"

@@ -10,6 +10,7 @@ rule train:
         code=sources("train"),
     output:
         adapter=directory("results/train/adapter"),
+        steps="results/train/steps.jsonl",
         record="results/train/run_record.json",
     params:
         job="train",

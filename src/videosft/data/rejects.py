@@ -1,4 +1,5 @@
-"""Rejected items: one JSONL line each, counted, and a stage failure past a set fraction."""
+"""Rejected items: one JSONL line each (``rejects.jsonl``), counted, read back, and a stage failure
+past a set fraction."""
 
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ class Rejects:
     def merged(cls, path: Path, sources: list[Path]) -> "Rejects":
         """One list from several stages' (or shards') rejects files, written to ``path``."""
         rejects = cls(path)
-        rejects.items = [json.loads(line) for source in sources for line in Path(source).read_text().splitlines()]
+        rejects.items = [item for source in sources for item in read_rejects(source)]
         rejects.path.write_text("".join(json.dumps(item, default=str) + "\n" for item in rejects.items))
         return rejects
 
@@ -58,3 +59,9 @@ class Rejects:
                 f"{max_fraction}); see {self.path}:\n{listing}{more}\n"
                 "Fix or remove these items, or raise data.max_reject_fraction to go on without them."
             )
+
+
+def read_rejects(path: Path) -> list[dict]:
+    """The items of a rejects file in the order they were rejected: ``where``, ``reason`` (the error's
+    type, or ``rejected``), ``error`` and what the stage added; an empty file rejected nothing."""
+    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]

@@ -13,8 +13,8 @@ verify, report; tests and benchmarks), so that none of them imports the preproce
   ``schema_version``; :func:`read_metadata` refuses a version other than :data:`SCHEMA_VERSION`,
   so a reader never misreads samples written by other code;
 * ``manifest.json`` (:func:`write_manifest`) lists each split's files relative to itself, with the
-  sample counts, the budget, geometry, video layout and think block; :func:`sample_files` and
-  :func:`read_samples` read through it;
+  sample counts, the budget, geometry, video layout and think block; :func:`read_manifest` reads
+  it, and :func:`sample_files` and :func:`read_samples` read through it;
 * a split larger than memory is read through :func:`index_samples` (the small columns of every row
   and where the row lives) and a :class:`SampleReader`, which fetches the rows asked for, one row
   group at a time; :func:`read_samples` holds a whole split and suits small splits and few columns.
@@ -171,9 +171,14 @@ def write_manifest(out_dir: Path, files: dict[str, list[str]], samples: dict[str
                                     "think_block": think_block})
 
 
+def read_manifest(manifest_path: Path) -> dict:
+    """``manifest.json`` with the fields :func:`write_manifest` gave it."""
+    return json.loads(Path(manifest_path).read_text())
+
+
 def sample_files(manifest_path: Path, split: str) -> list[Path]:
     """The sample files of one split, as the manifest lists them; each file's version is checked."""
-    manifest = json.loads(Path(manifest_path).read_text())
+    manifest = read_manifest(manifest_path)
     paths = [Path(manifest_path).parent / name for name in manifest["files"].get(split, [])]
     for path in paths:
         read_metadata(path)

@@ -1,9 +1,12 @@
-"""The train stage's per-rank logs: what each step did (``steps.rank<r>.jsonl``) and which samples each
-rank read (``ledger.rank<r>.jsonl``), their writer and their readers.
+"""The train stage's logs: what each step did (``steps.rank<r>.jsonl``, and every rank's steps in
+``steps.jsonl``) and which samples each rank read (``ledger.rank<r>.jsonl``), their writers and their
+readers.
 
-The train stage appends one line per step and per sample read; after training it proves from the
-ledgers that every sample was read (:func:`videosft.training.sampling.check_ledgers`), and the
-report draws loss and memory per rank from the step logs. Both read them here, so the writer and
+The train stage appends one line per step and per sample read to each rank's files (the live
+progress logs, and what a resumed run continues from); after training it proves from the ledgers
+that every sample was read (:func:`videosft.training.sampling.check_ledgers`), and rank 0 gathers
+every rank's steps into ``steps.jsonl`` (:func:`write_all_steps`), the stage's declared output,
+from which the report draws loss and memory per rank. They all read them here, so the writers and
 the readers agree on names and fields. Every rank also writes TensorBoard event files of its
 steps (``tensorboard --logdir results/train/tensorboard``).
 """
@@ -17,6 +20,7 @@ from pathlib import Path
 TENSORBOARD = "tensorboard"  # results/train/tensorboard/rank<r>
 STEPS = "steps.rank{rank}.jsonl"
 LEDGER = "ledger.rank{rank}.jsonl"
+ALL_STEPS = "steps.jsonl"
 SCALARS = ("loss", "lr", "grad_norm", "tokens_per_second")  # TensorBoard's train/ group; peaks go to memory/
 
 
@@ -26,6 +30,10 @@ def steps_path(out: Path, rank: int) -> Path:
 
 def ledger_path(out: Path, rank: int) -> Path:
     return Path(out) / LEDGER.format(rank=rank)
+
+
+def all_steps_path(out: Path) -> Path:
+    return Path(out) / ALL_STEPS
 
 
 def _read(path: Path) -> list[dict]:
@@ -42,6 +50,24 @@ def read_steps(out: Path) -> dict[int, list[dict]]:
     return dict(sorted(logs.items()))
 
 
+def write_all_steps(out: Path) -> Path:
+    """Every rank's step entries from the step logs in ``out``, rank after rank, into one
+    ``steps.jsonl`` there (each entry names its rank); call it once every rank's log is complete."""
+    path = all_steps_path(out)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text("".join(json.dumps(entry) + "\n" for entries in read_steps(out).values() for entry in entries))
+    tmp.replace(path)  # a reader never sees half a file
+    return path
+
+
+def read_all_steps(path: Path) -> dict[int, list[dict]]:
+    """Rank -> its step entries, from a ``steps.jsonl`` of :func:`write_all_steps`."""
+    logs: dict[int, list[dict]] = {}
+    for entry in _read(Path(path)):
+        logs.setdefault(entry["rank"], []).append(entry)
+    return dict(sorted(logs.items()))
+
+
 def read_ledger(out: Path, rank: int) -> list[dict]:
     """Every sample ``rank`` read, in order: epoch, step, position in the epoch's order, window id."""
     return _read(ledger_path(out, rank))
@@ -51,6 +77,7 @@ def clear(out: Path) -> None:
     """A fresh run's start: an earlier run's logs, ledgers and event files would mislead."""
     for stale in Path(out).glob("*.rank*.jsonl"):
         stale.unlink()
+    all_steps_path(out).unlink(missing_ok=True)
     shutil.rmtree(Path(out) / TENSORBOARD, ignore_errors=True)
 
 

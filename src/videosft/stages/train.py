@@ -245,6 +245,8 @@ def finish(run: Run, built: Built, progress: Progress, resumed_from_step: int | 
     all_peaks = [None] * run.world
     torch_dist.all_gather_object(all_peaks, progress.peaks)
     torch_dist.barrier()
+    if run.rank == 0:  # after the barrier every rank's step log is complete
+        train_logs.write_all_steps(run.out)
     train_cfg = run.train_cfg
     options = PlanOptions.of(train_cfg, precision=run.precision, kernels=kernel_set(built.kernels))
     return {

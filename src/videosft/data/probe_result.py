@@ -1,0 +1,20 @@
+"""``probe.json``: what the probe stage found of the checkpoint and, given the samples, planned.
+
+The probe stage writes it: the checkpoint's tensors against the model's (``checkpoint_tensors``,
+``mapped``, ``renamed``, ``missing``, ``unexpected``, ``shape_mismatch``, ...), ``key_map`` (each
+checkpoint key's shard and parameter, which the train stage loads through), ``lora`` (the modules
+LoRA wraps and its ``trainable_parameters``), ``ok`` and ``problems``, and ``memory``, the memory
+plan for the longest sample (None without samples): ``gpu_memory_gib``, the card it plans for,
+the predicted peaks ``per_world_size``, the ``model_facts`` behind them and the ``flowchart``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .records import number, read_json
+
+
+def read_planned_gpu_memory(path: Path) -> float | None:
+    """The GPU memory (GiB) the probe's memory plan was made for; None where it made no plan."""
+    return number((read_json(path).get("memory") or {}).get("gpu_memory_gib"))
