@@ -25,3 +25,7 @@ rule all:
     input:
         "results/verify/verify.json",
         "results/report/run_record.json",
+
+
+onerror:
+    show_failed_stages(log)

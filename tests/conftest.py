@@ -10,6 +10,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+# One thread per process, before torch is imported here or in any process a test starts (they inherit
+# it). The suite runs two workers on two cores, each starting stages and ranks of its own: torch's
+# default of a thread per core then has OpenMP threads spinning against each other, which made a
+# verify stage of 6 s take over 300 s in a full run.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 import pytest
 
 from videosft import config as config_lib

@@ -16,3 +16,29 @@ class ConfigError(UserError, ValueError):
 
 class InputError(UserError, ValueError):
     """A data, checkpoint or earlier stage's file that cannot be used as it is."""
+
+
+# How a stage's own message starts on its log (provenance.exit_after prints it) and how much of a
+# log's end shows when there is none (a bug's traceback, a killed process).
+MESSAGE_START = "error: "
+TAIL_LINES = 15
+
+
+def stage_message(log_text: str) -> str:
+    """What a failed stage said last: from its ``error:`` line to the end, else the log's last lines."""
+    lines = log_text.rstrip().splitlines()
+    starts = [i for i, line in enumerate(lines) if line.startswith(MESSAGE_START)]
+    return "\n".join(lines[starts[-1]:] if starts else lines[-TAIL_LINES:])
+
+
+def failed_jobs(snakemake_log: str) -> list[tuple[str, str]]:
+    """(rule, its log file) for each job Snakemake's log reports failed (its "Error in rule" blocks)."""
+    import re
+
+    jobs = []
+    for block in snakemake_log.split("Error in rule ")[1:]:
+        rule = block.split(":", 1)[0].strip()
+        log = re.search(r"^\s*log: (\S+)", block, re.MULTILINE)
+        if log and (rule, log.group(1)) not in jobs:
+            jobs.append((rule, log.group(1)))
+    return jobs

@@ -11,6 +11,7 @@ import torch
 from safetensors.torch import load_file
 
 from conftest import check_host_positions, run_torchrun, stage_json
+from videosft.data import train_logs
 from videosft.data.sample_store import read_samples
 
 
@@ -25,6 +26,31 @@ def trained(prepared, demo_config, tmp_path_factory) -> Path:
     # A rank may rarely abort at interpreter exit after all work is done: judge by artifacts.
     assert (out / "run_record.json").exists()
     return out
+
+
+# The demo config's losses per rank and step on CPU (fp32, 2 gloo ranks, one thread each), as the train
+# log prints them (4 decimals). A change in the 4th printed digit is a change in what the demo trains
+# on or how (data, masking, model, loss, optimizer), never noise: explain it, then record the new values.
+GOLDEN_LOSSES = {0: [5.9218, 5.9053, 5.9372, 5.9395], 1: [5.9236, 5.9320, 5.9437, 5.9335]}
+PRINTED = 0.5e-4  # half a unit of the 4th decimal: the printed digits
+PLATFORM = 1e-5  # what another CPU's summation order may move a float32 loss after four steps
+
+
+def off_golden(losses: dict[int, list[float]]) -> list[tuple]:
+    """(rank, step, loss, golden) wherever the losses leave the golden ones' printed digits."""
+    if set(losses) != set(GOLDEN_LOSSES) or any(len(losses[r]) != len(g) for r, g in GOLDEN_LOSSES.items()):
+        return [("ranks or steps differ", {r: len(v) for r, v in losses.items()})]
+    return [(rank, step, round(loss, 6), expected) for rank, golden in GOLDEN_LOSSES.items()
+            for step, (loss, expected) in enumerate(zip(losses[rank], golden))
+            if abs(loss - expected) > PRINTED + PLATFORM]
+
+
+def test_the_demo_trains_to_its_golden_losses(trained):
+    losses = {rank: [entry["loss"] for entry in entries] for rank, entries in train_logs.read_steps(trained).items()}
+    assert not off_golden(losses)
+    moved = {rank: list(values) for rank, values in losses.items()}
+    moved[1][3] += 1e-4  # one step of one rank, one unit in the 4th printed digit
+    assert off_golden(moved) == [(1, 3, round(moved[1][3], 6), GOLDEN_LOSSES[1][3])]
 
 
 def test_cpu_training_compiles_no_deepspeed_op(trained):

@@ -9,7 +9,7 @@ from snakemake.exceptions import WorkflowError
 SRC = Path(workflow.basedir) / "src"
 sys.path.insert(0, str(SRC))
 from videosft.config import resolve, stage_config
-from videosft.errors import ConfigError
+from videosft.errors import ConfigError, failed_jobs, stage_message
 from videosft.provenance import path_fingerprint, stage_sources
 
 # The schema (workflow/schemas/config.schema.yaml) validates the config and fills its defaults, with one
@@ -115,3 +115,15 @@ def report_inputs(wildcards):
 
 def report_options(wildcards, input):
     return f"--predict {input.predict}" if "predict" in input.keys() else ""
+
+
+def show_failed_stages(snakemake_logs):
+    """After Snakemake's own account of a failure, what each failed stage said last (its message and
+    what to do, or a bug's traceback), read from its log: the lines the user needs, last on the terminal.
+    ``snakemake_logs``: Snakemake's log file(s) of this run."""
+    paths = [snakemake_logs] if isinstance(snakemake_logs, (str, Path)) else list(snakemake_logs or [])
+    text = "".join(Path(path).read_text(errors="replace") for path in paths if Path(path).exists())
+    for rule, log in failed_jobs(text):
+        if Path(log).exists():
+            print(f"\n=== {rule} failed; the end of {log}:\n{stage_message(Path(log).read_text(errors='replace'))}",
+                  file=sys.stderr)
