@@ -150,3 +150,14 @@ def test_diff_names_what_changed(tmp_path, capsys):
         assert key in out
     assert "started" not in out  # timings are not differences
     assert provenance.main(["diff", str(tmp_path / "a" / "run_record.json"), str(tmp_path / "a" / "run_record.json")]) == 0
+
+
+def test_a_stage_help_names_its_command_and_reads_as_text():
+    import subprocess
+    import sys
+
+    shown = subprocess.run([sys.executable, "-m", "videosft.stages.window", "--help"], capture_output=True, text=True,
+                           check=True).stdout
+    assert shown.startswith("usage: python -m videosft.stages.window ")
+    assert "``" not in shown and ":func:" not in shown and "[s - w0, e - w0]" in shown
+    assert provenance.plain_text("see :func:`videosft.x.y` and ``a_b``, :mod:`~z`") == "see videosft.x.y and a_b, z"

@@ -207,10 +207,27 @@ def exit_after(main, hard: bool = False) -> None:
     sys.exit(code)
 
 
+def plain_text(doc: str) -> str:
+    """A docstring as a terminal shows it: reST roles and literals (:func:`x`, ``x``) as their text."""
+    import re
+
+    doc = re.sub(r":\w+:`~?([^`]+)`", r"\1", doc)
+    return re.sub(r"``([^`]+)``", r"\1", doc)
+
+
+def _program() -> str:
+    """How the running stage is started (``python -m videosft.stages.train``), for its usage line."""
+    script = Path(sys.argv[0])
+    if script.suffix == ".py" and script.resolve().parent == PACKAGE_DIR / STAGES:
+        return f"python -m videosft.{STAGES}.{script.stem}"
+    return script.name
+
+
 def stage_parser(doc: str | None) -> argparse.ArgumentParser:
     """The arguments every stage takes: ``--config``, ``--out``, and from Snakemake ``--code``,
     ``--after`` and ``--job``."""
-    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog=_program(), description=plain_text(doc or ""),
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", required=True, help="the config sections as inline JSON, or a YAML config file")
     parser.add_argument("--out", type=Path, required=True, help="output directory; run_record.json lands here")
     parser.add_argument("--code", nargs="*", help="source files the workflow tracks for this stage (set by Snakemake)")
@@ -325,6 +342,25 @@ def write_json(path: Path, payload: Any) -> None:
     os.replace(tmp, path)
 
 
+# Warnings a user of the pipeline cannot act on, silenced once at a stage's start and named in its run
+# record: each was repeated on every step or window, burying the log's progress lines and real problems.
+QUIETED_WARNINGS = (
+    (FutureWarning, r"`torch\.distributed\.(all_gather_into_tensor|reduce_scatter_tensor)` is deprecated",
+     "torch's deprecation of the collectives DeepSpeed's ZeRO-3 calls (every step)"),
+    (FutureWarning, r"`is_gradient_checkpointing` is deprecated",
+     "transformers' deprecation of a name DeepSpeed and peft read (every step)"),
+)
+
+
+def quiet_warnings() -> list[str]:
+    """Silence :data:`QUIETED_WARNINGS`; what was silenced, for the run record."""
+    import warnings
+
+    for category, message, _ in QUIETED_WARNINGS:
+        warnings.filterwarnings("ignore", message=message, category=category)
+    return [f"{category.__name__}: {why}" for category, _, why in QUIETED_WARNINGS]
+
+
 @contextlib.contextmanager
 def run_record(stage: str, out_dir: Path, config: Any, args: argparse.Namespace | None = None,
                enabled: bool = True) -> Iterator[dict[str, Any]]:
@@ -340,6 +376,7 @@ def run_record(stage: str, out_dir: Path, config: Any, args: argparse.Namespace 
     record["slurm"] = {key: os.environ.get(f"SLURM_{key.upper()}") for key in ("job_id", "job_nodelist")
                        if os.environ.get(f"SLURM_{key.upper()}")}
     check_environment(record, getattr(args, "after", None))
+    record["quieted_warnings"] = quiet_warnings()
     record["results"] = {}
     path = Path(out_dir) / "run_record.json"
     try:

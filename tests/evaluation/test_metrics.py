@@ -323,3 +323,15 @@ def test_constant_baselines_are_what_ignoring_the_video_scores():
     best = baselines["best_constant_range"]
     assert best["range"] == [3.0, 5.0] and best["mIoU"] == pytest.approx((2 / 4 + 1 + 1) / 3)  # the grid's best
     assert best["mIoU"] >= baselines["whole_window"]["mIoU"] and best["false_keep_rate"] == 1.0
+
+
+def test_the_verify_table_keeps_its_column_names_apart():
+    from videosft.evaluation.answers import table
+
+    metrics = {"moment_windows": 3, "empty_windows": 1, "mIoU": 0.5, "R1@0.5": 0.25}
+    result = {"base": metrics, "fine_tuned": metrics,
+              "baselines": {"none": metrics, "whole_window": metrics, "best_constant_range": {**metrics, "range": [0, 7]}}}
+    header = table(result).splitlines()[1]
+    assert header.split() == ["metric", "base", "fine-tuned", "const", "none", "const", "whole_window", "const",
+                              "best_constant_range"]
+    assert all(len(row) == len(header) for row in table(result).splitlines()[2:4])  # values under their names

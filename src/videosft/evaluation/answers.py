@@ -108,14 +108,18 @@ def table(result: dict) -> str:
                *((f"const {name}", metrics) for name, metrics in baselines.items())]
     keys = [k for k in result["base"] if k not in COUNTS]
 
-    def cell(value):
-        return f"{value:>12.3f}" if isinstance(value, (int, float)) else f"{'-':>12}"
+    # each column as wide as its name and a space, so names never run together ("const whole_window")
+    widths = [max(8, len(name)) + 2 for name, _ in columns]
+
+    def cell(value, width):
+        return f"{value:>{width}.3f}" if isinstance(value, (int, float)) else f"{'-':>{width}}"
 
     first = result["base"]
     lines = [f"{first['moment_windows']} windows with something to keep (R1, mIoU, mAP), {first['empty_windows']} "
              "with nothing (empty_accuracy, false_keep_rate)",
-             f"{'metric':<26}" + "".join(f"{name:>12}" for name, _ in columns)]
-    lines += [f"{key:<26}" + "".join(cell(metrics.get(key)) for _, metrics in columns) for key in keys]
+             f"{'metric':<26}" + "".join(f"{name:>{width}}" for (name, _), width in zip(columns, widths))]
+    lines += [f"{key:<26}" + "".join(cell(metrics.get(key), width) for (_, metrics), width in zip(columns, widths))
+              for key in keys]
     if "best_constant_range" in baselines:
         start, end = baselines["best_constant_range"]["range"]
         lines.append(f"(const best_constant_range answers {start:.1f}-{end:.1f} everywhere)")
