@@ -245,12 +245,12 @@ def pretraining_sample(rng: np.random.Generator, cfg: View, processor, system: s
     from ..encoding.chat import assistant_labels, prompt_timestamps
 
     pretrain, fps = cfg.pretrain, cfg.fps
-    seconds = int(pretrain["clip_seconds"])
+    seconds = int(pretrain.clip_seconds)
     n_frames = seconds * fps
     count = int(rng.choice(3, p=[0.15, 0.45, 0.4]))  # windows with 0, 1 or 2 keep ranges
     bounds = np.sort(rng.choice(np.arange(seconds + 1), size=2 * count, replace=False)) * fps
     intervals = [(int(bounds[2 * i]), int(bounds[2 * i + 1])) for i in range(count)]
-    picks = np.linspace(0, n_frames - 1, int(seconds * pretrain["sample_fps"]) // 2 * 2).round().astype(int)
+    picks = np.linspace(0, n_frames - 1, int(seconds * pretrain.sample_fps) // 2 * 2).round().astype(int)
     frames = torch.from_numpy(render_frames(rng, cfg, intervals, n_frames, picks.tolist())).permute(0, 3, 1, 2)
     turns = [{"role": "system", "content": system},
              {"role": "user", "content": [{"type": "video"},
