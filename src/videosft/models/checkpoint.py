@@ -266,6 +266,20 @@ def tokenizer_agreement(model_dir: Path, model) -> list[str]:
     return problems
 
 
+# Every weight file name transformers saves or reads: the rest of a checkpoint directory is its config
+# and its companions (tokenizer, processor, chat template, generation config)
+WEIGHT_FILES = (SINGLE_NAME, INDEX_NAME, "pytorch_model.bin", "pytorch_model.bin.index.json")
+
+
+def companion_files(model_dir: Path) -> list[Path]:
+    """The checkpoint's files other than its weights and its config (the files ``save_pretrained`` of the
+    model does not write)."""
+    return sorted(path for path in Path(model_dir).iterdir()
+                  if path.is_file() and not path.name.startswith(".")
+                  and path.name not in (*WEIGHT_FILES, "config.json")
+                  and not path.name.endswith(".safetensors") and not path.name.endswith(".bin"))
+
+
 def logical_shape(parameter) -> list[int]:
     """A ZeRO-3 parameter shows shape [0] on each rank; its real shape is ds_shape."""
     return list(getattr(parameter, "ds_shape", parameter.shape))
