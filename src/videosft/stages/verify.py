@@ -24,13 +24,14 @@ from .. import config as config_lib
 from ..config import View
 from ..data.adapter import adapter_files
 from ..data.sample_store import LazySamples, SampleReader, index_samples
+from ..data.verify_result import write_verify
 from ..evaluation.adapter_checks import VerificationError, adapter_problems, compare_adapter, forward_agreement, \
     verify_dtype
 from ..evaluation.answers import evaluate
 from ..evaluation.answers import table as evaluation_table
 from ..media.pixels import load_video_processor
 from ..models.checkpoint import model_class
-from ..provenance import exit_after, run_record, stage_parser, write_json
+from ..provenance import exit_after, run_record, stage_parser
 from ..training.profiling import gpu_peak_gib
 
 
@@ -93,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
         print(evaluation_table(result["evaluation"]))
         if not result["ok"]:
             raise VerificationError("adapter verification failed:\n  " + "\n  ".join(result["problems"]))
-        write_json(args.out / "verify.json", result)
+        write_verify(args.out, result)
     return 0
 
 
