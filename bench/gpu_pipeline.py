@@ -51,7 +51,7 @@ def build_checkpoint(config_path: Path, out: Path) -> dict:
     from transformers.models.qwen2_vl.image_processing_qwen2_vl import Qwen2VLImageProcessor
     from transformers.models.qwen3_vl.video_processing_qwen3_vl import Qwen3VLVideoProcessor
 
-    from videosft.stages.demo import CHAT_TEMPLATE, build_tokenizer
+    from videosft.synthetic.tokenizer import CHAT_TEMPLATE, build_tokenizer
     from videosft.models.checkpoint import model_class
 
     tokenizer = build_tokenizer(512)

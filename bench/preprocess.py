@@ -6,8 +6,8 @@
 Everything runs in one invocation, so every figure is a ratio against a baseline measured in the
 same run on the same machine:
 
-1. Data: synthetic videos from ``videosft.stages.demo.make_videos`` (in parallel groups, one seed each)
-   and the tiny checkpoint from ``videosft.stages.demo.build_model_dir``, in a scratch directory, then the
+1. Data: synthetic videos from ``videosft.synthetic.videos.make_videos`` (in parallel groups, one seed each)
+   and the tiny checkpoint from ``videosft.synthetic.model.build_model_dir``, in a scratch directory, then the
    window stage (``python -m videosft.stages.window``).
 2. One core: ``python -m videosft.stages.preprocess --shard 0 --shards 1`` with OMP_NUM_THREADS=1, pinned
    to one CPU, timed as process wall time. Baseline: one process that opens each video with
@@ -142,10 +142,11 @@ def role_breakdown(report_path: str, stage_args: list[str]) -> None:
 
 
 def make_group(args: tuple) -> list[dict]:
-    from videosft.stages.demo import make_videos
+    from videosft.config import section
+    from videosft.synthetic.videos import make_videos
 
     cfg, video_dir, annotations = args
-    return make_videos(cfg, Path(video_dir), Path(annotations))
+    return make_videos(section("demo", cfg), Path(video_dir), Path(annotations))
 
 
 def build_data(work: Path, opts) -> dict:
@@ -178,9 +179,10 @@ def build_data(work: Path, opts) -> dict:
             lines.append(json.dumps({**row, "video": f"g{g}/{row['video']}"}) + "\n")
     annotations.write_text("".join(lines))
     videos_s = time.perf_counter() - started
-    from videosft.stages.demo import build_model_dir
+    from videosft.config import section
+    from videosft.synthetic.model import build_model_dir
 
-    model_facts = build_model_dir(demo, model)
+    model_facts = build_model_dir(section("demo", demo), model)
     info = {"facts": facts, "videos_s": videos_s, "bytes": sum(p.stat().st_size for p in videos.rglob("*.mp4")),
             "model_parameters": model_facts["parameters"], "annotations": str(annotations),
             "root": str(videos), "model": str(model)}
@@ -450,7 +452,7 @@ def report(opts, info: dict, core: dict, scale: dict | None, versions: dict) -> 
         f"- commit: `{git_commit()}`; date: {today()}",
         f"- machine: {machine()}",
         f"- versions: {', '.join(f'{k} {v}' for k, v in versions.items())}",
-        f"- data: {opts.videos} synthetic demo videos (`videosft.stages.demo.make_videos`), {opts.seconds:g} s, "
+        f"- data: {opts.videos} synthetic demo videos (`videosft.synthetic.videos.make_videos`), {opts.seconds:g} s, "
         f"{opts.height}x{opts.width} px, {opts.fps} fps, H.264 crf 18 ({info['bytes'] / 2**20:.1f} MiB); tiny "
         f"Qwen3.5 checkpoint from `build_model_dir`; otherwise the config defaults (8 s windows, 2 fps, 4-16 "
         f"frames, 4-16 merged tokens per frame pair)",

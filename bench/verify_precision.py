@@ -5,7 +5,7 @@
 
 Loads the base as `videosft.stages.verify.load_model` does (``from_pretrained`` in --dtype on the GPU, then
 ``PeftModel.from_pretrained``), and on the first --samples val samples does what
-`verify.forward_agreement` does: full logits of the unmerged model, then of the merged one (here
+`evaluation.adapter_checks.forward_agreement` does: full logits of the unmerged model, then of the merged one (here
 ``merge_adapter``, restored exactly afterwards from saved copies so that the next variant starts from
 the same weights). Per variant: the Gated-DeltaNet function transformers' Qwen3.5 modeling calls
 (``fla``: what transformers bound when fla imports; ``torch``: its own torch function, found with

@@ -10,14 +10,15 @@ from pathlib import Path
 import pytest
 
 from conftest import stage_json
-from videosft.stages import probe
+from videosft.data.probe_result import PROBE_JSON, read_probe
 from videosft.models.checkpoint import CheckpointError, build_meta_model, map_checkpoint, read_checkpoint
+from videosft.stages import probe
 
 
 def run_probe(model_dir: Path, out: Path, lora: dict | None = None) -> dict:
     overrides = {"model": {"path": str(model_dir)}, "lora": lora or {}}
     assert probe.main(["--config", stage_json("probe", overrides), "--out", str(out)]) == 0
-    return json.loads((out / "probe.json").read_text())
+    return read_probe(out / PROBE_JSON)
 
 
 def test_demo_qwen35_checkpoint_maps_completely(demo_dir, tmp_path):
@@ -244,7 +245,7 @@ def test_the_loader_writes_into_the_existing_parameters(demo_dir):
 
 
 def test_the_probe_plans_memory_for_the_longest_sample(prepared, demo_config):
-    result = json.loads((prepared / "probe" / "probe.json").read_text())
+    result = read_probe(prepared / "probe" / PROBE_JSON)
     plan = result["memory"]
     assert plan["longest_sample"]["input_tokens"] == 227  # the demo's longest window (blocks layout)
     assert set(plan["per_world_size"]) == {"1", "2", "4"}
@@ -258,7 +259,7 @@ def test_the_plan_scales_a_sample_to_other_frame_counts_markers_included(prepare
     import pyarrow.parquet as pq
 
     from videosft.stages import preprocess
-    from videosft.training.memory import SampleFacts, sample_at_frames
+    from videosft.training.memory import LENGTH_COLUMNS, SampleFacts, sample_at_frames, text_per_frame_pair
     from videosft.data.sample_store import read_samples
 
     cfg = {**demo_config, "video": {"max_frames": 8, "min_frames": 4}}
@@ -266,12 +267,11 @@ def test_the_plan_scales_a_sample_to_other_frame_counts_markers_included(prepare
                             str(prepared / "window" / "windows.parquet"), "--out", str(tmp_path / "eight")]) == 0
     eight = {r["window_id"]: r for path in (tmp_path / "eight").glob("*.parquet")
              for r in pq.read_table(path, columns=["window_id", "input_tokens", "frame_indices"]).to_pylist()}
-    sixteen = read_samples(prepared / "preprocess" / "manifest.json", "train", probe.LENGTH_COLUMNS
-                           + ["window_id"])
+    sixteen = read_samples(prepared / "preprocess" / "manifest.json", "train", LENGTH_COLUMNS + ["window_id"])
     assert sixteen and all(len(r["frame_indices"]) == 16 for r in sixteen)
     for row in sixteen:
         sample = SampleFacts(row["input_tokens"], row["visual_tokens"], row["supervised_tokens"], 16,
-                                   probe.text_per_frame_pair(row["mm_token_type_ids"], 16))
+                             text_per_frame_pair(row["mm_token_type_ids"], 16))
         assert len(eight[row["window_id"]]["frame_indices"]) == 8
         assert 7 <= sample.text_per_pair <= 10
         # markers differ by a token where a time gains a digit (9.5 s -> 10.5 s)

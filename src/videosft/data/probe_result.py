@@ -1,18 +1,37 @@
 """``probe.json``: what the probe stage found of the checkpoint and, given the samples, planned.
 
-The probe stage writes it: the checkpoint's tensors against the model's (``checkpoint_tensors``,
-``mapped``, ``renamed``, ``missing``, ``unexpected``, ``shape_mismatch``, ...), ``key_map`` (each
-checkpoint key's shard and parameter, which the train stage loads through), ``lora`` (the modules
-LoRA wraps and its ``trainable_parameters``), ``ok`` and ``problems``, and ``memory``, the memory
-plan for the longest sample (None without samples): ``gpu_memory_gib``, the card it plans for,
-the predicted peaks ``per_world_size``, the ``model_facts`` behind them and the ``flowchart``.
+The probe stage writes it (:func:`write_probe`), only for a checkpoint that fits the model: the
+checkpoint's tensors against the model's (``checkpoint_tensors``, ``mapped``, ``renamed``, ``missing``,
+``unexpected``, ``shape_mismatch``, ...), ``key_map`` (each checkpoint key's shard and parameter,
+which the train stage loads through), ``lora`` (the modules LoRA wraps and its
+``trainable_parameters``), ``ok`` and ``problems``, and ``memory``, the memory plan for the longest
+sample (None without samples): ``gpu_memory_gib``, the card it plans for, the predicted peaks
+``per_world_size``, the ``model_facts`` behind them and the ``flowchart``. Its run record holds the
+same without the key map (:func:`recorded`).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from ..provenance import write_json
 from .records import number, read_json
+
+PROBE_JSON = "probe.json"
+
+
+def write_probe(out_dir: Path, result: dict) -> None:
+    write_json(out_dir / PROBE_JSON, result)
+
+
+def recorded(result: dict) -> dict:
+    """The results the run record keeps: all but the key map, one entry per checkpoint tensor."""
+    return {key: value for key, value in result.items() if key != "key_map"}
+
+
+def read_probe(path: Path) -> dict:
+    """Everything the probe wrote, the key map included."""
+    return read_json(path)
 
 
 def read_planned_gpu_memory(path: Path) -> float | None:

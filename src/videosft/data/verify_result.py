@@ -1,8 +1,9 @@
 """``verify.json``: the verify stage's check of the adapter and its evaluation on val windows.
 
-The verify stage writes it: ``adapter`` (its files), ``tensors`` (each adapter tensor against the
-loaded model), ``forward`` (merged against unmerged logits), ``load_seconds`` (the base model and
-the adapter, without DeepSpeed), ``gpu_peak_gib``, ``ok``, ``problems`` and ``evaluation``
+The verify stage writes it (:func:`write_verify`), only for an adapter that passed: ``adapter`` (its
+files), ``tensors`` (each adapter tensor against the loaded model), ``forward`` (merged against
+unmerged logits), ``load_seconds`` (the base model and the adapter, without DeepSpeed),
+``gpu_peak_gib``, ``ok``, ``problems`` and ``evaluation``
 (:func:`videosft.evaluation.answers.evaluate`: how many ``windows``, the ``base`` and ``fine_tuned``
 scores per metric, the constant answers' ``baselines`` and the ``answers`` per window).
 """
@@ -13,7 +14,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..evaluation.answers import COUNTS
+from ..provenance import write_json
 from .records import number, read_json
+
+VERIFY_JSON = "verify.json"
 
 
 @dataclass(frozen=True)
@@ -29,6 +33,10 @@ class WindowEvaluation:
 class VerifyResult:
     load_seconds: float | None
     evaluation: WindowEvaluation | None  # None where verify evaluated nothing
+
+
+def write_verify(out_dir: Path, result: dict) -> None:
+    write_json(out_dir / VERIFY_JSON, result)
 
 
 def read_verify(path: Path) -> VerifyResult:

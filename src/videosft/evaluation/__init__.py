@@ -1,1 +1,1 @@
-"""Answers and their scores: greedy generation, metrics, cut lists."""
+"""Answers and their scores: greedy generation, metrics, cut lists; and the checks of a saved adapter."""

@@ -8,7 +8,8 @@ rules, so both always agree on what a key means (:func:`read_checkpoint`, :func:
 The probe writes the map; the loader here (:func:`load_checkpoint`, used by the trainer) reads it,
 so the two can never disagree, and then compares every loaded element with the file
 (:func:`verify_loaded`; under ZeRO-3 each rank its own partition). :func:`model_class` and
-:func:`build_meta_model` say which transformers class every stage builds.
+:func:`build_meta_model` say which transformers class every stage builds; :func:`tokenizer_agreement`
+checks that the tokenizer, processor and config the checkpoint ships with agree.
 """
 
 from __future__ import annotations
@@ -230,6 +231,53 @@ def extras_summary(keys: list[str], tensors: dict[str, TensorInfo]) -> dict:
     by_prefix = {prefix: {"count": len(group), "bytes": sum(tensors[key].nbytes for key in group)}
                  for prefix, group in group_by_prefix(keys, depth=1).items()}
     return {"count": len(keys), "bytes": sum(tensors[key].nbytes for key in keys), "by_prefix": by_prefix}
+
+
+def config_dtype(model) -> str | None:
+    """The dtype the model's config declares for its weights (``bfloat16``), or None."""
+    dtype = getattr(model.config, "dtype", None) or getattr(model.config, "torch_dtype", None)
+    return str(dtype).replace("torch.", "") if dtype is not None else None
+
+
+def tokenizer_agreement(model_dir: Path, model) -> list[str]:
+    """Problems where tokenizer, processor and model config disagree."""
+    from transformers import AutoProcessor
+
+    problems = []
+    processor = AutoProcessor.from_pretrained(model_dir)
+    tokenizer = processor.tokenizer
+    config = model.config
+    embedding_rows = model.get_input_embeddings().weight.shape[0]
+    if len(tokenizer) > embedding_rows:
+        problems.append(f"tokenizer has {len(tokenizer)} tokens but the embedding has {embedding_rows} rows")
+    for attribute, token in (("video_token_id", "<|video_pad|>"), ("vision_start_token_id", "<|vision_start|>"),
+                             ("vision_end_token_id", "<|vision_end|>")):
+        in_config = getattr(config, attribute, None)
+        in_tokenizer = tokenizer.convert_tokens_to_ids(token)
+        if in_config != in_tokenizer:
+            problems.append(f"config {attribute}={in_config} but the tokenizer gives {token} id {in_tokenizer}")
+    vision = config.vision_config
+    video = processor.video_processor
+    for attribute, ours in (("patch_size", "patch_size"), ("temporal_patch_size", "temporal_patch_size"),
+                            ("spatial_merge_size", "merge_size")):
+        if getattr(vision, attribute) != getattr(video, ours):
+            problems.append(f"vision config {attribute}={getattr(vision, attribute)} but the video processor "
+                            f"has {ours}={getattr(video, ours)}")
+    return problems
+
+
+# Every weight file name transformers saves or reads: the rest of a checkpoint directory is its config
+# and its companions (tokenizer, processor, chat template, generation config)
+WEIGHT_FILES = (SINGLE_NAME, INDEX_NAME, "pytorch_model.bin", "pytorch_model.bin.index.json")
+
+
+def companion_files(model_dir: Path) -> list[Path]:
+    """The checkpoint's files other than its weights and its config (the files ``save_pretrained`` of the
+    model does not write)."""
+    return sorted(path for path in Path(model_dir).iterdir()
+                  if path.is_file() and not path.name.startswith(".")
+                  and path.name not in (*WEIGHT_FILES, "config.json")
+                  and not path.name.endswith(".safetensors") and not path.name.endswith(".bin"))
 
 
 def logical_shape(parameter) -> list[int]:

@@ -15,25 +15,15 @@ import shutil
 from pathlib import Path
 
 from .. import config as config_lib
-from ..provenance import exit_after, run_record, stage_parser, write_json
 from ..config import View
-
-WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
-
-
-def copied_files(model_dir: Path) -> list[Path]:
-    """The base checkpoint's files other than its weights and its config (the save writes those)."""
-    return sorted(path for path in Path(model_dir).iterdir()
-                  if path.is_file() and not path.name.startswith(".") and path.name not in (*WEIGHTS, "config.json")
-                  and not path.name.endswith(".safetensors") and not path.name.endswith(".bin"))
+from ..models.checkpoint import companion_files, model_class
+from ..provenance import exit_after, run_record, stage_parser, write_json
 
 
 def export(cfg: View, adapter: Path, out: Path) -> dict:
     import torch
     from peft import PeftModel
     from transformers import AutoConfig
-
-    from ..models.checkpoint import model_class
 
     model_dir = Path(cfg.model.path)
     dtype = getattr(torch, cfg.export.dtype)
@@ -43,7 +33,7 @@ def export(cfg: View, adapter: Path, out: Path) -> dict:
     merged.save_pretrained(out, max_shard_size=cfg.export.max_shard_size)
     shutil.copy2(model_dir / "config.json", out / "config.json")  # unchanged, as the base had it
     copied = []
-    for path in copied_files(model_dir):
+    for path in companion_files(model_dir):
         if not (out / path.name).exists() or path.name == "generation_config.json":
             shutil.copy2(path, out / path.name)
             copied.append(path.name)

@@ -20,14 +20,20 @@ Coefficients that cannot be derived exactly (the working-set multipliers) are na
 calibrated against measured peaks (bench/RESULTS.md), one pair per kernel set: transformers' torch
 forwards, flash-linear-attention's Gated-DeltaNet alone (``videosft.kernels.gated_deltanet``), or with the fused
 norms, SwiGLU and convolution too (``videosft.kernels.fused``).
+
+The probe plans for the longest sample of the preprocess stage's store (:func:`longest_sample`,
+:func:`probe_plan`); the train stage puts the same prediction beside its measured peaks
+(:func:`memory_comparison`). Both take the train config's options from :class:`PlanOptions`.
 """
 
 from __future__ import annotations
 
 import os
 import types
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from pathlib import Path
 
+from ..data.sample_store import read_samples
 from ..kernels.fused import ENV as FUSED_ENV
 from ..kernels.gated_deltanet import gpu_implementation
 
@@ -129,6 +135,29 @@ def model_facts(model, persistence_threshold: int) -> ModelFacts:
         vision_heads=getattr(vision, "num_heads", None) or vision.num_attention_heads,
         merge=vision.spatial_merge_size,
     )
+
+
+# What the plan reads of each stored sample: its token counts, frames and token types
+LENGTH_COLUMNS = ["input_tokens", "visual_tokens", "supervised_tokens", "frame_indices", "mm_token_type_ids"]
+
+
+def text_per_frame_pair(token_types: list[int], frames: int) -> float:
+    """Text tokens between consecutive frame pairs' video tokens (a pair's <t seconds> marker and its
+    vision start / end tokens): what one more frame pair adds besides its visual tokens."""
+    video = [i for i, kind in enumerate(token_types) if kind]
+    pairs = frames // 2
+    if pairs < 2 or not video:
+        return 0.0
+    return sum(1 for kind in token_types[video[0]:video[-1] + 1] if not kind) / (pairs - 1)
+
+
+def longest_sample(manifest: Path) -> SampleFacts:
+    """The sample with the most input tokens, in either split: it sets the activation peak."""
+    rows = read_samples(manifest, "train", LENGTH_COLUMNS) + read_samples(manifest, "val", LENGTH_COLUMNS)
+    row = max(rows, key=lambda r: r["input_tokens"])
+    frames = len(row["frame_indices"])
+    return SampleFacts(row["input_tokens"], row["visual_tokens"], row["supervised_tokens"], frames,
+                       text_per_frame_pair(row["mm_token_type_ids"], frames))
 
 
 def precision_bytes(precision: str) -> int:
@@ -313,6 +342,39 @@ class PlanOptions:
     def batching(self) -> dict:
         """:func:`micro_batch`'s keyword options."""
         return {"micro_batch_size": self.micro_batch_size, "pack_tokens": self.pack_tokens}
+
+
+def probe_plan(model: ModelFacts, sample: SampleFacts, trainable: int, ds_zero: dict, options: PlanOptions,
+               limit_gib: float, world_sizes: list[int]) -> dict:
+    """Predicted per-GPU peaks of the largest micro-batch (``options``' micro-batch of samples like
+    ``sample``) for each world size, the largest frame count per sample under ``limit_gib``, and the
+    lecture's flowchart (one sample) for the largest world size."""
+    batch = micro_batch(sample, **options.batching)
+    per_world = {}
+    for world in world_sizes:
+        peak = plan_peak(model, batch, trainable, world, ds_zero, **options.peak)
+        peak["largest_frames_under_limit"] = largest_frames(model, sample, trainable, world, ds_zero, limit_gib,
+                                                            **options.peak, **options.batching)
+        per_world[str(world)] = peak
+    return {
+        "gpu_memory_gib": limit_gib,
+        "precision": options.precision,
+        "longest_sample": asdict(sample),
+        "micro_batch": {**options.batching, **asdict(batch)},
+        "model_facts": asdict(model),
+        "per_world_size": per_world,
+        "flowchart": flowchart(model, sample, trainable, max(world_sizes), ds_zero, limit_gib),
+    }
+
+
+def micro_batch_words(plan: dict) -> str:
+    """What a :func:`probe_plan`'s micro-batch is, in words."""
+    batch, longest = plan["micro_batch"], plan["longest_sample"]["input_tokens"]
+    if batch["pack_tokens"]:
+        return f"a pack of {batch['pack_tokens']} tokens; the longest sample has {longest}"
+    if batch["micro_batch_size"] > 1:
+        return f"{batch['micro_batch_size']} samples padded to the longest, {longest} tokens"
+    return f"the longest sample, {longest} tokens"
 
 
 def kernel_set(kernels: dict) -> str:

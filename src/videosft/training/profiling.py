@@ -1,6 +1,6 @@
-"""Where a training step's time and memory go: peak memory per step, and one step profiled on request
-(``train.profile_step``): torch.profiler's operators and timeline, then the next step's Python
-functions under cProfile."""
+"""Where a training step's time and memory go: peak memory per step (and a whole process's GPU peak),
+and one step profiled on request (``train.profile_step``): torch.profiler's operators and timeline,
+then the next step's Python functions under cProfile."""
 
 from __future__ import annotations
 
@@ -29,6 +29,15 @@ def peak_memory(device) -> dict:
         return {"peak_allocated_gib": torch.cuda.max_memory_allocated(device) / 2**30,
                 "peak_reserved_gib": torch.cuda.max_memory_reserved(device) / 2**30}
     return {"peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}
+
+
+def gpu_peak_gib() -> dict | None:
+    """The most GPU memory this process held (allocated and reserved), or None on the CPU."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    return {"allocated": torch.cuda.max_memory_allocated() / 2**30, "reserved": torch.cuda.max_memory_reserved() / 2**30}
 
 
 def start_profiler(device):
