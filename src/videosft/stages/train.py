@@ -16,7 +16,6 @@ to full-shape tensors, and the run's results). Their parts live in :mod:`videosf
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import shutil
 import sys
@@ -27,6 +26,7 @@ from .. import config as config_lib
 from ..config import View
 from ..data import train_logs
 from ..data.adapter import gathered_lora_state, lora_parameters, save_adapter
+from ..data.probe_result import read_probe
 from ..data.sample_store import SampleIndex, SampleReader, index_samples
 from ..errors import InputError
 from ..kernels import autotune, selection
@@ -133,7 +133,7 @@ def prepare(cfg: View, samples_path: Path, probe_path: Path, out: Path) -> Run:
     if train_cfg.memory_cap_gib and device.type == "cuda":  # behave like a smaller card (e.g. 12 GiB) on a larger one
         total = torch.cuda.get_device_properties(device).total_memory
         torch.cuda.set_per_process_memory_fraction(min(1.0, train_cfg.memory_cap_gib * 2**30 / total), device)
-    probe = json.loads(probe_path.read_text())
+    probe = read_probe(probe_path)
     if not probe.get("ok"):
         raise InputError(f"{probe_path} reports a checkpoint that does not fit; rerun the probe and fix it first")
     setup.check_train_options(train_cfg)
