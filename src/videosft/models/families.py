@@ -25,10 +25,13 @@ field                    read by
 =======================  ===================================================================
 
 The other fields are facts that generic code finds by behaviour (``time_by_grid``: the processor
-returns ``second_per_grid_ts``; ``gated_deltanet`` and ``fused_kinds``: the kernels find their
-modules by what they compute; ``layer_types``: the text config lists them; ``checkpoint``:
-transformers' conversion rules map the keys), and the tests hold each family to them
-(tests/models/test_families.py), so a record that says otherwise fails there.
+returns ``second_per_grid_ts``; ``thinking``: the labels find the empty think block in the ids;
+``gated_deltanet`` and ``fused_kinds``: the kernels find their modules by what they compute;
+``lora_modules``: the text config lists the layer types, LoRA takes the linear modules;
+``checkpoint``: transformers' conversion rules map the keys), or that only the tests read
+(``processor_class``; ``vllm``: tests/vllm_lora_keys.py). The tests hold each family to all of
+them (tests/models/test_registry.py, tests/models/test_families.py), so a record that says
+otherwise fails there.
 
 Adding a family: one :class:`Family` in :data:`FAMILIES`, and one tiny-checkpoint builder keyed by
 its name in tests/models/tiny_checkpoints.py; the test over the registry then runs every stage on
