@@ -21,6 +21,8 @@ import pytest
 from videosft import config as config_lib
 
 PROJECT = Path(__file__).resolve().parents[1]
+# Each model family's tiny checkpoint is built by tests/models/tiny_checkpoints.py, beside the registry's tests.
+sys.path.append(str(Path(__file__).resolve().parent / "models"))
 # What a failing test shows of the processes it ran: the last characters of each one's output.
 OUTPUT_TAIL = 6000
 # How a collective that waited past its process-group timeout reads in a rank's output (gloo, c10d, DeepSpeed).
@@ -129,49 +131,17 @@ def prepared(tmp_path_factory, demo_config) -> Path:
 @pytest.fixture(scope="session")
 def qwen25_dir(demo_dir, tmp_path_factory) -> Path:
     """A tiny Qwen2.5-VL checkpoint as transformers saves it: legacy model.layers.* / visual.* keys."""
-    from transformers import AutoTokenizer, Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration, Qwen2_5_VLProcessor
-    from transformers.models.qwen2_vl.image_processing_qwen2_vl import Qwen2VLImageProcessor
-    from transformers.models.qwen2_vl.video_processing_qwen2_vl import Qwen2VLVideoProcessor
+    from tiny_checkpoints import transformers_qwen25
 
-    out = tmp_path_factory.mktemp("qwen25")
-    tokenizer = AutoTokenizer.from_pretrained(demo_dir / "model")
-    ids = tokenizer.convert_tokens_to_ids
-    config = Qwen2_5_VLConfig(
-        text_config=dict(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2,
-                         rope_scaling={"type": "mrope", "mrope_section": [2, 3, 3]}),
-        vision_config=dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64,
-                           patch_size=14, fullatt_block_indexes=[1]),
-        image_token_id=ids("<|image_pad|>"), video_token_id=ids("<|video_pad|>"),
-        vision_start_token_id=ids("<|vision_start|>"), vision_end_token_id=ids("<|vision_end|>"))
-    Qwen2_5_VLForConditionalGeneration(config).save_pretrained(out, max_shard_size="200KB")
-    geometry = dict(patch_size=14, temporal_patch_size=2, merge_size=2)
-    Qwen2_5_VLProcessor(image_processor=Qwen2VLImageProcessor(**geometry), tokenizer=tokenizer,
-                        video_processor=Qwen2VLVideoProcessor(**geometry)).save_pretrained(out)
-    return out
+    return transformers_qwen25(tmp_path_factory.mktemp("qwen25"), demo_dir)
 
 
 @pytest.fixture(scope="session")
 def qwen3vl_dir(demo_dir, tmp_path_factory) -> Path:
     """A tiny Qwen3-VL checkpoint saved by transformers: model.language_model.* / model.visual.* keys."""
-    from transformers import AutoProcessor, Qwen3VLConfig, Qwen3VLForConditionalGeneration
+    from tiny_checkpoints import transformers_qwen3vl
 
-    out = tmp_path_factory.mktemp("qwen3vl")
-    processor = AutoProcessor.from_pretrained(demo_dir / "model")
-    ids = processor.tokenizer.convert_tokens_to_ids
-    config = Qwen3VLConfig(
-        text_config=dict(vocab_size=len(processor.tokenizer), hidden_size=64, intermediate_size=128,
-                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-                         rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
-                                          "mrope_section": [4, 2, 2], "mrope_interleaved": True}),
-        vision_config=dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64,
-                           patch_size=16, num_position_embeddings=64, deepstack_visual_indexes=[0]),
-        image_token_id=ids("<|image_pad|>"), video_token_id=ids("<|video_pad|>"),
-        vision_start_token_id=ids("<|vision_start|>"), vision_end_token_id=ids("<|vision_end|>"),
-        tie_word_embeddings=False)
-    Qwen3VLForConditionalGeneration(config).save_pretrained(out, max_shard_size="200KB")
-    processor.save_pretrained(out)
-    return out
+    return transformers_qwen3vl(tmp_path_factory.mktemp("qwen3vl"), demo_dir)
 
 
 @pytest.fixture(scope="session")

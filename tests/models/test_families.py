@@ -1,5 +1,7 @@
-"""The other model families through the real stages: window -> preprocess -> probe -> train (2 CPU
-ranks, ZeRO-3) -> verify, on tiny checkpoints saved by transformers."""
+"""Every model family of the registry (videosft.models.families) through the real stages: window ->
+preprocess -> probe -> train (2 CPU ranks, ZeRO-3) -> verify -> predict -> export, on each family's
+tiny checkpoint (tests/models/tiny_checkpoints.py), and the run held to what the family's record
+says. A family is one record and one tiny-checkpoint builder; this test then covers it."""
 
 from __future__ import annotations
 
@@ -9,23 +11,32 @@ from pathlib import Path
 import pytest
 
 from conftest import check_host_positions, run_torchrun, stage_json
+from tiny_checkpoints import tiny_checkpoint
+from videosft.data.sample_store import read_samples
 from videosft.encoding import samples as encoding
+from videosft.media.pixels import load_video_processor
+from videosft.models.families import FAMILIES, Family
+from videosft.stages import export
+from videosft.stages import predict
 from videosft.stages import preprocess
 from videosft.stages import probe
 from videosft.stages import verify
 from videosft.stages import window
 from videosft.training.batches import collate
-from videosft.media.pixels import load_video_processor
-from videosft.data.sample_store import read_samples
 from vllm_lora_keys import unloadable
+
+STAGES = ("window", "preprocess", "probe", "train", "verify", "predict", "export")
 
 
 def run_stages(model_dir: Path, demo_config: dict, out: Path) -> dict:
+    """Every stage on ``model_dir``, as the workflow runs them; each stage's results by name."""
     cfg = {**demo_config, "model": {"path": str(model_dir)}, "train": {**demo_config["train"], "steps": 2},
-           "verify": {"eval_windows": 2, "forward_samples": 1}}
+           "verify": {"eval_windows": 2, "forward_samples": 1}, "predict": {"batch_size": 4, "max_new_tokens": 8},
+           "export": {"dtype": "float32"}}
+    windows = out / "window" / "windows.parquet"
     assert window.main(["--config", stage_json("window", cfg), "--out", str(out / "window")]) == 0
     shard = out / "preprocess" / "shards" / "0"
-    assert preprocess.main(["--config", stage_json("preprocess", cfg), "--windows", str(out / "window" / "windows.parquet"),
+    assert preprocess.main(["--config", stage_json("preprocess", cfg), "--windows", str(windows),
                             "--out", str(shard)]) == 0
     assert preprocess.main(["--config", stage_json("preprocess", cfg), "--gather", str(shard),
                             "--out", str(out / "preprocess")]) == 0
@@ -34,105 +45,172 @@ def run_stages(model_dir: Path, demo_config: dict, out: Path) -> dict:
                        "--out", str(out / "probe")]) == 0
     run_torchrun(["-m", "videosft.stages.train", "--config", stage_json("train", cfg), "--samples", str(manifest),
                   "--probe", str(out / "probe" / "probe.json"), "--out", str(out / "train")])
-    assert (out / "train" / "adapter" / "adapter_model.safetensors").exists()
-    assert verify.main(["--config", stage_json("verify", cfg), "--adapter", str(out / "train" / "adapter"),
+    adapter = out / "train" / "adapter"
+    assert (adapter / "adapter_model.safetensors").exists()
+    assert verify.main(["--config", stage_json("verify", cfg), "--adapter", str(adapter),
                         "--samples", str(manifest), "--out", str(out / "verify")]) == 0
-    results = {stage: json.loads((out / stage / "run_record.json").read_text())["results"]
-               for stage in ("probe", "train", "verify")}
-    check_adapter_keys_load_in_vllm(out / "train" / "adapter", results["probe"]["model_type"])
-    return results
+    assert predict.main(["--config", stage_json("predict", cfg), "--adapter", str(adapter), "--windows", str(windows),
+                         "--out", str(out / "predict")]) == 0
+    assert export.main(["--config", stage_json("export", cfg), "--adapter", str(adapter),
+                        "--out", str(out / "export")]) == 0
+    return {stage: json.loads((out / stage / "run_record.json").read_text()).get("results")
+            for stage in STAGES}
 
 
-def check_adapter_keys_load_in_vllm(adapter: Path, family: str) -> None:
+@pytest.fixture(scope="module")
+def runs(demo_dir, demo_config, tmp_path_factory):
+    """family name -> (its tiny checkpoint, the directory of its stages' outputs, their results), each
+    family run once for all the tests of this file."""
+    done: dict[str, tuple[Path, Path, dict]] = {}
+
+    def run(name: str) -> tuple[Path, Path, dict]:
+        if name not in done:
+            out = tmp_path_factory.mktemp(f"family-{name}")
+            model_dir = tiny_checkpoint(name, out / "model", demo_dir)
+            done[name] = (model_dir, out, run_stages(model_dir, demo_config, out))
+        return done[name]
+
+    return run
+
+
+@pytest.mark.parametrize("family", FAMILIES, ids=lambda family: family.name)
+def test_every_stage_runs_on_each_family_as_its_record_says(family: Family, runs):
+    model_dir, out, results = runs(family.name)
+    assert results["probe"]["model_type"] in family.model_types
+    assert results["probe"]["model_class"] == family.model_class
+    check_training(family, results["train"])
+    check_samples(family, model_dir, out)
+    check_what_lora_touches(family, model_dir, results["probe"])
+    check_adapter_keys_load_in_vllm(out / "train" / "adapter", family)
+    tensors = results["verify"]["tensors"]
+    assert tensors["summary"] == f"{tensors['matched']} of {tensors['matched']} tensors matched"
+    check_predictions(family, results["predict"])
+    check_checkpoint_layouts(family, model_dir, out / "export", results["probe"])
+
+
+def check_training(family: Family, train: dict) -> None:
+    """The checkpoint loaded whole, LoRA trained, and the kernels found the layers the record names."""
+    assert train["load"]["matched"] == train["load"]["entries"] > 0
+    assert train["lora_unchanged_after_two_steps"] == []
+    kernels = train["kernels"]
+    assert (kernels["gated_deltanet"]["implementation"] is not None) == family.gated_deltanet, kernels["gated_deltanet"]
+    found = {kind for kind, implementation in kernels["fused"]["implementation"].items() if implementation}
+    assert found == family.fused_kinds, f"the fused kernels found {sorted(found)}; the record says " \
+                                        f"{sorted(family.fused_kinds)}"
+
+
+def check_samples(family: Family, model_dir: Path, out: Path) -> None:
+    """Time by the grid or by markers, the layout, the chat turns and the think block, as the record says."""
+    from transformers import AutoProcessor
+
+    processor = AutoProcessor.from_pretrained(model_dir)
+    assert type(processor).__name__ == family.processor_class
+    assert encoding.tells_time_by_grid(processor) == family.time_by_grid
+    manifest = json.loads((out / "preprocess" / "manifest.json").read_text())
+    assert manifest["video_layout"] == family.video_layout("blocks") and manifest["think_block"] == "prompt"
+    rows = read_samples(out / "preprocess" / "manifest.json", "train")
+    assert rows
+    if family.time_by_grid:  # frame pair k at k x second_per_grid_ts: the clip's step (2 frames at 2 fps: 1 s)
+        assert all(row["second_per_grid"] == pytest.approx(1.0, abs=0.05) for row in rows)
+        assert collate(rows[:2], 0, load_video_processor(model_dir))["second_per_grid_ts"].tolist() == \
+            [row["second_per_grid"] for row in rows[:2]]
+    else:  # time comes from the <t seconds> markers
+        assert all(row["second_per_grid"] is None for row in rows)
+        assert "second_per_grid_ts" not in collate(rows[:1], 0, load_video_processor(model_dir))
+    tokenizer = processor.tokenizer
+    header = family.chat.turn_start + family.chat.assistant_header + (family.chat.empty_think if family.thinking else "")
+    for row in rows:  # the empty think block is the prompt's: generation starts where supervision does
+        first = next(i for i, label in enumerate(row["labels"]) if label != -100)
+        assert tokenizer.decode(row["input_ids"][:first]).endswith(header)
+        assert tokenizer.decode(row["input_ids"][first:]) == row["answer"] + family.chat.turn_end + "\n"
+    check_host_positions(model_dir, rows[:2])
+
+
+def check_what_lora_touches(family: Family, model_dir: Path, probe_results: dict) -> None:
+    """all-linear adapts, in each layer type, the modules the record names, and never the vision tower."""
+    from transformers import AutoConfig
+
+    from videosft.models.checkpoint import build_meta_model
+    from videosft.models.lora import target_module_names
+
+    model = build_meta_model(model_dir)
+    layer_types = getattr(AutoConfig.from_pretrained(model_dir).get_text_config(), "layer_types", None)
+    touched: dict[str, set[str]] = {}
+    for name in target_module_names(model, ["all-linear"]):
+        layer = family.layer_index(name)
+        assert layer is not None and not family.in_vision_tower(name), name
+        kind = layer_types[layer] if layer_types else family.layer_types[0]
+        touched.setdefault(kind, set()).add(name.rsplit(".", 1)[-1])
+    assert touched == {kind: set(modules) for kind, modules in family.lora_modules}
+    facts = probe_results["memory"]["model_facts"]  # the planner finds the vision tower and the layers by the record
+    assert facts["vision_parameters"] > 0 and facts["largest_layer_parameters"] > 0
+    assert set(probe_results["lora"]["modules_per_layer_type"]) <= set(family.layer_types)
+
+
+def check_adapter_keys_load_in_vllm(adapter: Path, family: Family) -> None:
     """Every saved key lands on a language-model layer's linear module under vLLM's mapping, and
-    the same keys without `language_model.` (as some advise for vLLM) would not: the check can fail."""
+    the same keys without `language_model.` (as some advise for vLLM) would not, unless the family's
+    mapping has a rule for bare `model.` keys (Qwen2.5-VL's): the check can fail."""
     from safetensors import safe_open
 
     with safe_open(adapter / "adapter_model.safetensors", framework="pt") as handle:
         keys = list(handle.keys())
-    assert keys and unloadable(keys, family) == []
+    assert keys and unloadable(keys, family.name) == []
     stripped = [key.replace("model.language_model.", "model.") for key in keys]
-    assert unloadable(stripped, family) == ([] if family == "qwen2_5_vl" else stripped)
+    takes_bare_keys = any(old == "model." for old, _ in family.vllm.prefixes)
+    assert unloadable(stripped, family.name) == ([] if takes_bare_keys else stripped)
 
 
-def test_qwen3_vl_trains_and_verifies(qwen3vl_dir, demo_config, tmp_path):
-    results = run_stages(qwen3vl_dir, demo_config, tmp_path)
-    assert results["probe"]["model_type"] == "qwen3_vl"
-    train = results["train"]
-    assert train["load"]["matched"] == train["load"]["entries"] > 0
-    assert train["lora_unchanged_after_two_steps"] == []
-    assert train["kernels"]["gated_deltanet"]["implementation"] is None  # no linear-attention layers
-    assert not list((tmp_path / "train").glob("profile.*"))  # train.profile_step unset: nothing profiled
-    tensors = results["verify"]["tensors"]
-    assert tensors["summary"] == f"{tensors['matched']} of {tensors['matched']} tensors matched"
-    rows = read_samples(tmp_path / "preprocess" / "manifest.json", "train")
-    assert all(row["second_per_grid"] is None for row in rows)  # time comes from the <t seconds> markers
-    assert "second_per_grid_ts" not in collate(rows[:1], 0, load_video_processor(qwen3vl_dir))
-    check_host_positions(qwen3vl_dir, rows[:2])
+def check_predictions(family: Family, results: dict) -> None:
+    """Every val video predicted, every window answered up to the family's end token."""
+    assert results["predicted"] == results["videos"] > 0 and results["windows"] > 0
+    for files in results["outputs"].values():
+        keep = json.loads((Path(files["otio"]).parent / "keep.json").read_text())
+        assert keep["windows"] and all(isinstance(w["answer"], str) and family.generation_end not in w["answer"]
+                                       for w in keep["windows"])
 
 
-def test_qwen2_5_vl_trains_and_verifies_with_its_time_step(qwen25_dir, demo_config, tmp_path):
-    """Qwen2.5-VL has no <t seconds> markers: it places frame pair k at k x second_per_grid_ts in its
-    M-RoPE positions. The step must be the clip's (two frames at 2 fps: 1 s), and reach the model."""
-    results = run_stages(qwen25_dir, demo_config, tmp_path)
-    assert results["probe"]["model_type"] == "qwen2_5_vl"
-    train = results["train"]
-    assert train["load"]["matched"] == train["load"]["entries"] > 0
-    assert train["lora_unchanged_after_two_steps"] == []
-    tensors = results["verify"]["tensors"]
-    assert tensors["summary"] == f"{tensors['matched']} of {tensors['matched']} tensors matched"
-    rows = read_samples(tmp_path / "preprocess" / "manifest.json", "train")
-    assert all(row["second_per_grid"] == pytest.approx(1.0, abs=0.05) for row in rows)
-    assert collate(rows[:2], 0, load_video_processor(qwen25_dir))["second_per_grid_ts"].tolist() == [row["second_per_grid"] for row in rows[:2]]
-    check_host_positions(qwen25_dir, rows[:2])
+def check_checkpoint_layouts(family: Family, model_dir: Path, exported: Path, probe_results: dict) -> None:
+    """The tiny checkpoint, and the merged one export writes, are in the family's published key layout,
+    and the merged one maps whole onto the model."""
+    from videosft.models.checkpoint import build_meta_model, map_checkpoint, read_checkpoint
+
+    layout = family.checkpoint
+    prefixes = (layout.language_model, layout.vision, layout.lm_head, *layout.extras)
+    for directory in (model_dir, exported):
+        keys = read_checkpoint(directory)
+        assert all(key.startswith(prefixes) for key in keys), [k for k in keys if not k.startswith(prefixes)][:5]
+        assert any(key.startswith(layout.vision) for key in keys)
+        assert any(key.startswith(layout.language_model) and not key.startswith(layout.vision) for key in keys)
+    extras = probe_results["known_extras"]
+    assert sorted(extras["by_prefix"]) == sorted(prefix.rstrip(".") for prefix in layout.extras)
+    report = map_checkpoint(build_meta_model(exported), read_checkpoint(exported))
+    assert report.ok and not report.ignored, report.problems()
+
+
+def test_the_published_checkpoints_are_what_users_download(runs):
+    """What only the checkpoints laid out as published have (tests/published.py): Qwen3.5's mtp.*
+    tensors, skipped and reported; Qwen3-VL's untied head; the real tokenizers."""
+    from transformers import AutoTokenizer
+
+    model_dir, _, results = runs("qwen3_5")
+    extras = results["probe"]["known_extras"]
+    assert extras["count"] == 6 and list(extras["by_prefix"]) == ["mtp"]
+    assert results["train"]["load"]["matched"] == results["train"]["load"]["entries"] == results["probe"]["mapped"]
+    assert len(AutoTokenizer.from_pretrained(model_dir)) == 248_077
+    model_dir, out, results = runs("qwen3_vl")
+    assert results["probe"]["known_extras"]["count"] == 0
+    assert results["train"]["load"]["matched"] == results["train"]["load"]["entries"] == results["probe"]["mapped"]
+    assert "lm_head.weight" in json.loads((out / "probe" / "probe.json").read_text())["key_map"]  # untied
+    assert len(AutoTokenizer.from_pretrained(model_dir)) == 151_669
+
+
+def test_an_unprofiled_run_profiles_nothing(runs):
+    _, out, _ = runs("qwen3_vl")
+    assert not list((out / "train").glob("profile.*"))  # train.profile_step unset: nothing profiled
 
 
 def test_a_frame_rate_a_fixed_step_cannot_follow_is_rejected():
     encoding.check_grid_times(1.0, [0.25, 1.2, 2.3, 3.25])  # within half a step everywhere
     with pytest.raises(encoding.SampleError, match="0.650 s off the fixed step of 1.000 s"):
         encoding.check_grid_times(1.0, [0.25, 1.9, 2.3, 3.25])
-
-
-def test_a_checkpoint_as_published_goes_through_every_stage_with_its_own_template(published_qwen35, demo_config,
-                                                                                    tmp_path):
-    """Qwen3.5 as users download it (tests/published.py): mtp.* tensors in a shard of their own,
-    hub-style processor files, the real 248k tokenizer and a hybrid-thinking chat template, with no
-    code or config change beyond model.path."""
-    from transformers import AutoTokenizer
-
-    results = run_stages(published_qwen35, demo_config, tmp_path)
-    extras = results["probe"]["known_extras"]
-    assert results["probe"]["model_type"] == "qwen3_5" and extras["count"] == 6 and list(extras["by_prefix"]) == ["mtp"]
-    train = results["train"]
-    assert train["load"]["matched"] == train["load"]["entries"] == results["probe"]["mapped"]
-    assert train["lora_unchanged_after_two_steps"] == []
-    tensors = results["verify"]["tensors"]
-    assert tensors["summary"] == f"{tensors['matched']} of {tensors['matched']} tensors matched"
-    manifest = json.loads((tmp_path / "preprocess" / "manifest.json").read_text())
-    assert manifest["video_layout"] == "blocks" and manifest["think_block"] == "prompt"
-    tokenizer = AutoTokenizer.from_pretrained(published_qwen35)
-    assert len(tokenizer) == 248_077
-    rows = read_samples(tmp_path / "preprocess" / "manifest.json", "train")
-    for row in rows:  # the empty think block is the prompt's: generation starts where supervision does
-        first = next(i for i, label in enumerate(row["labels"]) if label != -100)
-        assert tokenizer.decode(row["input_ids"][:first]).endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
-        assert tokenizer.decode(row["input_ids"][first:]) == row["answer"] + "<|im_end|>\n"
-
-
-def test_a_qwen3_vl_checkpoint_as_published_goes_through_every_stage(published_qwen3vl, demo_config, tmp_path):
-    """Qwen3-VL as users download it: shards with an untied head and deepstack mergers, hub-style
-    processor files with chat_template.json, the real 151k tokenizer."""
-    from transformers import AutoTokenizer
-
-    results = run_stages(published_qwen3vl, demo_config, tmp_path)
-    assert results["probe"]["model_type"] == "qwen3_vl" and results["probe"]["known_extras"]["count"] == 0
-    assert results["train"]["load"]["matched"] == results["train"]["load"]["entries"] == results["probe"]["mapped"]
-    assert "lm_head.weight" in json.loads((tmp_path / "probe" / "probe.json").read_text())["key_map"]  # untied
-    tensors = results["verify"]["tensors"]
-    assert tensors["summary"] == f"{tensors['matched']} of {tensors['matched']} tensors matched"
-    tokenizer = AutoTokenizer.from_pretrained(published_qwen3vl)
-    rows = read_samples(tmp_path / "preprocess" / "manifest.json", "train")
-    assert len(tokenizer) == 151_669 and rows
-    for row in rows:  # no think block in this template: supervision starts right after the assistant header
-        first = next(i for i, label in enumerate(row["labels"]) if label != -100)
-        assert tokenizer.decode(row["input_ids"][:first]).endswith("<|im_start|>assistant\n")

@@ -14,6 +14,7 @@ from __future__ import annotations
 import re
 
 from ..config import View
+from ..models.families import CHATML
 
 IGNORE_INDEX = -100
 NOTHING = "none"
@@ -83,10 +84,12 @@ def messages(prompt_cfg: View, query: str | None, answer: str | None = None) -> 
 
 
 # Keyword arguments every chat template is rendered with. Qwen3 / Qwen3.5's hybrid-thinking
-# templates write an empty think block in the last assistant turn, and end a generation prompt in
-# it with enable_thinking=False; templates without thinking ignore the argument.
+# templates (a family's ``thinking`` in videosft.models.families) write an empty think block in the
+# last assistant turn, and end a generation prompt in it with enable_thinking=False; templates
+# without thinking ignore the argument. The turn tokens and the block are every family's (CHATML):
+# the labels are made from the tokenizer alone.
 TEMPLATE_KWARGS = {"enable_thinking": False}
-EMPTY_THINK = "<think>\n\n</think>\n\n"
+EMPTY_THINK = CHATML.empty_think
 THINK_BLOCK_PLACES = ("prompt", "answer")
 
 
@@ -100,9 +103,9 @@ def assistant_labels(input_ids: list[int], tokenizer, answer: str, think_block: 
     """
     if think_block not in THINK_BLOCK_PLACES:
         raise ValueError(f"prompt.think_block {think_block!r} is not one of {THINK_BLOCK_PLACES}")
-    im_start = tokenizer.convert_tokens_to_ids("<|im_start|>")
-    im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
-    header = tokenizer("assistant\n", add_special_tokens=False)["input_ids"]
+    im_start = tokenizer.convert_tokens_to_ids(CHATML.turn_start)
+    im_end = tokenizer.convert_tokens_to_ids(CHATML.turn_end)
+    header = tokenizer(CHATML.assistant_header, add_special_tokens=False)["input_ids"]
     starts = [i for i, token in enumerate(input_ids) if token == im_start]
     if not starts:
         raise ValueError("no <|im_start|> in the sample: the chat template did not render")

@@ -22,8 +22,10 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-LAYOUTS = ("blocks", "nested")
-VIDEO_START, VIDEO_PAD, VIDEO_END = "<|vision_start|>", "<|video_pad|>", "<|vision_end|>"
+from ..models.families import MARKER_LAYOUTS, QWEN_VISION, video_layouts
+
+LAYOUTS = MARKER_LAYOUTS  # the layouts prompt.video_layout may name
+VIDEO_START, VIDEO_PAD, VIDEO_END = QWEN_VISION.start, QWEN_VISION.pad, QWEN_VISION.end
 PLACEHOLDER = VIDEO_START + VIDEO_PAD + VIDEO_END
 MARKER = re.compile(r"^<(\d+(?:\.\d)?) seconds>$")
 
@@ -33,10 +35,12 @@ class LayoutError(ValueError):
 
 
 def layout_name(layout: str, tells_time_by_grid: bool) -> str:
-    """The layout a sample gets: Qwen2.5-VL's one block whatever is configured (it has no markers)."""
+    """The layout a sample gets, as the families that tell time this way allow (videosft.models.families):
+    Qwen2.5-VL's one block whatever is configured (it has no markers)."""
     if layout not in LAYOUTS:
         raise ValueError(f"video layout {layout!r} is not one of {LAYOUTS}")
-    return "single" if tells_time_by_grid else layout
+    allowed = video_layouts(tells_time_by_grid)
+    return layout if layout in allowed else allowed[0]
 
 
 def template_text(text: str, layout: str) -> str:

@@ -4,16 +4,16 @@ evaluation (:mod:`videosft.evaluation.answers`) and of the predict stage.
 A prompt is a sample cut where its answer begins (:func:`prompt_of`). Prompts are answered in
 left-padded batches, so that every prompt ends where its answer begins, with the KV cache; a batch
 of one is the one-prompt-at-a-time case, and batches give the same answers (a test holds them
-equal on the demo model in fp32). An answer ends at the first ``<|im_end|>``; one that repeats a
-token or a short run of tokens, or has not ended within ``max_new_tokens``, is degenerate (as
-the field notes saw with ``<argmax>11</argmax>``).
+equal on the demo model in fp32). An answer ends at its family's end token (``generation_end`` in
+:mod:`videosft.models.families`: ``<|im_end|>``); one that repeats a token or a short run of tokens,
+or has not ended within ``max_new_tokens``, is degenerate (as the field notes saw with
+``<argmax>11</argmax>``).
 """
 
 from __future__ import annotations
 
 from ..encoding.chat import IGNORE_INDEX, generated_answer
-
-END = "<|im_end|>"
+from ..models.families import family_of
 # A token repeated this many times in a row, or an n-gram (n <= 4) repeated this many times in a
 # row, makes an answer degenerate.
 REPEATS = 4
@@ -39,14 +39,14 @@ def is_degenerate(tokens: list[int], ended: bool) -> bool:
 
 def greedy_answers(model, prompts: list[dict], tokenizer, video_processor, max_new_tokens: int,
                    think_block: str = "prompt", batch_size: int = 1) -> list[dict]:
-    """Each prompt's greedy answer, in order: ``text`` as generated (up to the end token),
+    """Each prompt's greedy answer, in order: ``text`` as generated (up to the family's end token),
     ``answer`` the text to parse (``text`` without the empty think block where answers were trained
     to begin with it, ``think_block`` "answer") and whether it is ``degenerate``."""
     import torch
 
     from ..training.batches import collate
 
-    end_id = tokenizer.convert_tokens_to_ids(END)
+    end_id = tokenizer.convert_tokens_to_ids(family_of(model.config).generation_end)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     device = next(model.parameters()).device
     answers = []

@@ -46,6 +46,7 @@ import time
 from ..kernels.checks import (CHOICES, RELATIVE_ERROR_BOUND, KernelCheckError, all_ranks_agree, check_lengths,
                               check_parser, fla_import_status, milliseconds_per_call, relative_errors, torch_reason,
                               verdict)
+from ..models.families import family_of
 
 ENV = "VIDEOSFT_GATED_DELTANET"
 NAME = "torch_chunk_gated_delta_rule"  # the name the modeling modules call
@@ -327,8 +328,7 @@ def main(argv: list[str] | None = None) -> int:
     text = config.get("text_config", config)
     shape = (text["linear_num_key_heads"], text["linear_num_value_heads"], text["linear_key_head_dim"],
              text["linear_value_head_dim"])
-    model_type = text.get("model_type", config["model_type"]).removesuffix("_text")
-    module = importlib.import_module(f"transformers.models.{model_type}.modeling_{model_type}")
+    module = importlib.import_module(family_of(text.get("model_type", config["model_type"])).modeling_module)
     reference = torch_reference(getattr(module, NAME))
     device = torch.device(args.device)
     result = {"shape": list(shape), "fla": fla_status(), "bound": RELATIVE_ERROR_BOUND}

@@ -2,9 +2,10 @@
 headers alone, and its weights loaded into the model and verified against the file.
 
 A checkpoint written by one transformers release (or layout: Qwen2.5-VL's ``model.layers.*`` and
-``visual.*``, Qwen3-VL / Qwen3.5's ``model.language_model.*`` and ``model.visual.*``) is mapped onto
-the parameter names of the model this transformers builds, with transformers' own conversion
-rules, so both always agree on what a key means (:func:`read_checkpoint`, :func:`map_checkpoint`).
+``visual.*``, Qwen3-VL / Qwen3.5's ``model.language_model.*`` and ``model.visual.*``; each family's
+``checkpoint`` record in :mod:`videosft.models.families`) is mapped onto the parameter names of the
+model this transformers builds, with transformers' own conversion rules, so both always agree on
+what a key means (:func:`read_checkpoint`, :func:`map_checkpoint`).
 The probe writes the map; the loader here (:func:`load_checkpoint`, used by the trainer) reads it,
 so the two can never disagree, and then compares every loaded element with the file
 (:func:`verify_loaded`; under ZeRO-3 each rank its own partition). :func:`model_class` and
@@ -22,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import UserError
+from .families import family_of
 
 SAFETENSORS_DTYPES = {
     "F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16",
@@ -102,18 +104,14 @@ def read_checkpoint(model_dir: Path) -> dict[str, TensorInfo]:
 
 
 def model_class(config):
-    """The image-text-to-text class for a config, imported now.
+    """The class its family's record names for a config (:mod:`videosft.models.families`), imported now;
+    a model of no known family is an error naming the known ones.
 
     Importing a modeling module inside ``deepspeed.zero.Init`` breaks (Init patches tensor
     constructors that torch.compile's decorators inspect at import), so callers resolve the class
     first and build inside the context afterwards.
     """
-    from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING
-
-    try:
-        return MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING[type(config)]
-    except KeyError:
-        raise CheckpointError(f"model_type {config.model_type!r} is not a video-language model transformers knows") from None
+    return family_of(config).transformers_class()
 
 
 def build_meta_model(model_dir: Path):

@@ -1,13 +1,14 @@
-"""Which modules get LoRA: one function, used by the probe to report and by the trainer to apply."""
+"""Which modules get LoRA: one function, used by the probe to report and by the trainer to apply.
+
+The vision tower and its merger(s) stay frozen whatever the targets say, and layers are named, by
+the model family's record (:mod:`videosft.models.families`: ``vision_tower``, ``decoder_layers``).
+"""
 
 from __future__ import annotations
 
-import re
 from collections import Counter
 
-# Parts of the model that stay frozen whatever the targets say: the vision tower and its merger.
-FROZEN_PREFIXES = re.compile(r"(^|\.)(visual|vision_tower|vision_model)\.")
-
+from .families import UNTYPED_LAYER, family_of
 
 ALL_LINEAR = "all-linear"
 
@@ -21,12 +22,13 @@ def target_module_names(model, targets: list[str]) -> list[str]:
     import torch
 
     wanted = set(targets)
+    family = family_of(model.config)
     return [
         name
         for name, module in model.named_modules()
         if isinstance(module, torch.nn.Linear)
         and (ALL_LINEAR in wanted or name.rsplit(".", 1)[-1] in wanted)
-        and not FROZEN_PREFIXES.search(name)
+        and not family.in_vision_tower(name)
         and not name.endswith("lm_head")
     ]
 
@@ -36,13 +38,14 @@ def coverage(model, targets: list[str], rank: int) -> dict:
     names = target_module_names(model, targets)
     modules = dict(model.named_modules())
     layer_types = list(getattr(model.config.get_text_config(), "layer_types", None) or [])
+    family = family_of(model.config)
     per_type: Counter = Counter()
     layers_hit: dict[str, set] = {}
     for name in names:
-        match = re.search(r"layers\.(\d+)\.", name)
-        kind = layer_types[int(match.group(1))] if match and layer_types else "layer"
+        layer = family.layer_index(name)
+        kind = layer_types[layer] if layer is not None and layer_types else UNTYPED_LAYER
         per_type[kind] += 1
-        layers_hit.setdefault(kind, set()).add(int(match.group(1)) if match else -1)
+        layers_hit.setdefault(kind, set()).add(-1 if layer is None else layer)
     trainable = sum(rank * (modules[n].in_features + modules[n].out_features) for n in names)
     missed_types = sorted(set(layer_types) - set(per_type))
     return {

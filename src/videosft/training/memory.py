@@ -36,6 +36,7 @@ from pathlib import Path
 from ..data.sample_store import read_samples
 from ..kernels.fused import ENV as FUSED_ENV
 from ..kernels.gated_deltanet import gpu_implementation
+from ..models.families import family_of
 
 GIB = 2**30
 # One recomputed layer's forward + backward working set over its forward activations (the
@@ -98,22 +99,20 @@ class SampleFacts:
 
 def model_facts(model, persistence_threshold: int) -> ModelFacts:
     """Read the sizes the plan needs off a model (meta device is fine: only shapes are used)."""
-    import re
-
+    family = family_of(model.config)  # where its vision tower and decoder layers are
     text = model.config.get_text_config()
     vision = model.config.vision_config
-    layer_sizes: dict[str, int] = {}
+    layer_sizes: dict[int, int] = {}
     vision_parameters = small = 0
     for name, parameter in model.named_parameters():
         count = parameter.numel()
-        if re.search(r"(^|\.)visual\.", name):
+        if family.in_vision_tower(name):
             vision_parameters += count
         if count <= persistence_threshold:
             small += count
-        match = re.search(r"language_model\.layers\.(\d+)\.|^model\.layers\.(\d+)\.", name)
-        if match:
-            key = match.group(1) or match.group(2)
-            layer_sizes[key] = layer_sizes.get(key, 0) + count
+        layer = family.layer_index(name)
+        if layer is not None:
+            layer_sizes[layer] = layer_sizes.get(layer, 0) + count
     embedding = model.get_input_embeddings().weight
     head = model.get_output_embeddings().weight
     head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
