@@ -248,8 +248,9 @@ def tokenizer_agreement(model_dir: Path, model) -> list[str]:
     embedding_rows = model.get_input_embeddings().weight.shape[0]
     if len(tokenizer) > embedding_rows:
         problems.append(f"tokenizer has {len(tokenizer)} tokens but the embedding has {embedding_rows} rows")
-    for attribute, token in (("video_token_id", "<|video_pad|>"), ("vision_start_token_id", "<|vision_start|>"),
-                             ("vision_end_token_id", "<|vision_end|>")):
+    tokens = family_of(config).vision
+    for attribute, token in (("video_token_id", tokens.pad), ("vision_start_token_id", tokens.start),
+                             ("vision_end_token_id", tokens.end)):
         in_config = getattr(config, attribute, None)
         in_tokenizer = tokenizer.convert_tokens_to_ids(token)
         if in_config != in_tokenizer:
