@@ -1,4 +1,5 @@
-"""Unit tests of the pure functions in videosft.stages.window (no video decoding)."""
+"""Unit tests of the window arithmetic and the annotation checks (videosft.media.timeline,
+videosft.data.windows, videosft.data.annotations; no video decoding)."""
 
 from __future__ import annotations
 
@@ -7,13 +8,15 @@ import math
 import random
 from pathlib import Path
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
 from videosft import config as config_lib
-from videosft.media.timeline import merge_ranges, resolve_video, window_bounds
-from videosft.stages.window import Realigned, assign_splits, parse_annotation, realign
+from videosft.data.annotations import parse_annotation
+from videosft.data.windows import assign_splits, video_shards
+from videosft.media.timeline import Realigned, merge_ranges, realign, resolve_video, window_bounds
 
 PROPERTY = settings(
     max_examples=200, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow]
@@ -372,6 +375,20 @@ def test_assign_splits_seed_matters():
     assert len(results) > 1
     # but a given seed is deterministic
     assert assign_splits(videos, 0.3, 3) == assign_splits(list(reversed(videos)), 0.3, 3)
+
+
+# --------------------------------------------------------------------------------------------
+# video_shards
+
+
+def test_shards_keep_a_video_together_and_balance_the_windows():
+    rng = np.random.default_rng(0)
+    windows = [{"video": f"v{v:03d}.mp4"} for v in range(40) for _ in range(int(rng.integers(1, 30)))]
+    assignment = video_shards(windows, 3)
+    load = [sum(assignment[w["video"]] == shard for w in windows) for shard in range(3)]
+    assert sum(load) == len(windows) and max(load) - min(load) <= 2  # 40 videos of 1-29 windows
+    shuffled = [windows[i] for i in rng.permutation(len(windows))]
+    assert video_shards(shuffled, 3) == assignment  # every shard process agrees
 
 
 # --------------------------------------------------------------------------------------------

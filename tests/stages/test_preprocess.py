@@ -130,16 +130,6 @@ def test_the_trainer_refuses_an_unknown_schema_version(prepared, tmp_path):
         sample_store.read_metadata(plain)
 
 
-def test_shards_keep_a_video_together_and_balance_the_windows():
-    rng = np.random.default_rng(0)
-    windows = [{"video": f"v{v:03d}.mp4"} for v in range(40) for _ in range(int(rng.integers(1, 30)))]
-    assignment = preprocess.video_shards(windows, 3)
-    load = [sum(assignment[w["video"]] == shard for w in windows) for shard in range(3)]
-    assert sum(load) == len(windows) and max(load) - min(load) <= 2  # 40 videos of 1-29 windows
-    shuffled = [windows[i] for i in rng.permutation(len(windows))]
-    assert preprocess.video_shards(shuffled, 3) == assignment  # every shard process agrees
-
-
 def test_a_marker_rounded_at_a_tie_is_not_taken_for_a_clock_error(demo_dir):
     """144 of 960 frames at 30 fps: pair 18's mean time is 8.15 s, which the processor writes as 8.1."""
     import torch

@@ -6,19 +6,19 @@ import json
 import shutil
 from pathlib import Path
 
-import pyarrow.parquet as pq
 import pytest
 
 from conftest import assert_ranges_close, stage_json
 from videosft.stages import window
 from videosft.data.rejects import TooManyRejects
+from videosft.data.windows import read_windows
 
 
 def run_window(annotations: Path, root: Path, out: Path, **window_cfg):
     overrides = {"data": {"annotations": str(annotations), "root": str(root), "max_reject_fraction": 1.0},
                  "window": window_cfg}
     assert window.main(["--config", stage_json("window", overrides), "--out", str(out)]) == 0
-    return pq.read_table(out / "windows.parquet").to_pylist(), json.loads((out / "run_record.json").read_text())
+    return read_windows(out / "windows.parquet"), json.loads((out / "run_record.json").read_text())
 
 
 def test_demo_windows_are_realigned_and_split_by_video(demo_dir, tmp_path):
@@ -108,7 +108,7 @@ def test_all_of_qvhighlights_val_keeps_the_invariants(tmp_path):
                           "duration": "annotation"},
                  "window": {"length": 30.0, "stride": 20.0, "min_fragment": 1.0, "max_empty_fraction": 1.0}}
     assert window.main(["--config", stage_json("window", overrides), "--out", str(tmp_path / "a")]) == 0
-    rows = pq.read_table(tmp_path / "a" / "windows.parquet").to_pylist()
+    rows = read_windows(tmp_path / "a" / "windows.parquet")
     truth = {(json.loads(l)["vid"] + ".mp4", json.loads(l)["query"]): json.loads(l) for l in lines}
     assert len({(r["video"], r["query"]) for r in rows}) == len(lines) == len(truth)
 
@@ -140,7 +140,7 @@ def test_all_of_qvhighlights_val_keeps_the_invariants(tmp_path):
     shuffled.write_text("\n".join(lines) + "\n")
     overrides["data"]["annotations"] = str(shuffled)
     assert window.main(["--config", stage_json("window", overrides), "--out", str(tmp_path / "b")]) == 0
-    again = {r["window_id"]: r["split"] for r in pq.read_table(tmp_path / "b" / "windows.parquet").to_pylist()}
+    again = {r["window_id"]: r["split"] for r in read_windows(tmp_path / "b" / "windows.parquet")}
     assert again == {r["window_id"]: r["split"] for r in rows}, "the split changed with the file order"
 
 

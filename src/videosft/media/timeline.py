@@ -1,12 +1,18 @@
-"""A video's timeline: the windows that cover it, ranges on it, and where its file is.
+"""A video's timeline: the windows that cover it, ranges on it and in a window's own time, and
+where its file is.
 
 Shared by the stages that cut videos into windows (window, and predict for new videos), so that a
 window means the same span wherever it is made.
+
+A keep range ``[s, e]`` in source seconds becomes ``[s - w0, e - w0]`` in a window that starts at
+``w0`` (:func:`realign`); a range that crosses a window edge is clipped to the window, and a
+fragment shorter than a minimum after clipping is dropped.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
 from pathlib import Path
 
 Range = tuple[float, float]
@@ -46,6 +52,33 @@ def merge_ranges(ranges: list[Range]) -> tuple[list[Range], int]:
         else:
             merged.append([start, end])
     return [(s, e) for s, e in merged], merges
+
+
+@dataclass
+class Realigned:
+    """A window's share of the keep ranges, in window time (``local``) and source time, with how many
+    ranges its edges clipped and the fragments dropped as too short."""
+    local: list[Range]
+    source: list[Range]
+    clipped: int = 0
+    dropped: list[Range] = field(default_factory=list)
+
+
+def realign(keep: list[Range], start: float, end: float, min_fragment: float) -> Realigned:
+    """Clip ``keep`` (source seconds) to ``[start, end]`` and express it in window time."""
+    result = Realigned(local=[], source=[])
+    for keep_start, keep_end in keep:
+        if keep_end <= start or keep_start >= end:
+            continue
+        clipped_start, clipped_end = max(keep_start, start), min(keep_end, end)
+        if (clipped_start, clipped_end) != (keep_start, keep_end):
+            result.clipped += 1
+        if clipped_end - clipped_start < min_fragment:
+            result.dropped.append((clipped_start, clipped_end))
+            continue
+        result.source.append((clipped_start, clipped_end))
+        result.local.append((clipped_start - start, clipped_end - start))
+    return result
 
 
 def resolve_video(root: Path, relative: str) -> Path:
