@@ -35,9 +35,9 @@ sys.path.insert(0, str(ROOT / "src"))
 from videosft import config as config_lib
 from videosft.encoding.budget import resolve_budget
 from videosft.encoding.budget import plan
-from videosft.encoding.samples import build_sample, processor_geometry
-from videosft.stages.preprocess import gather, shard_metadata, shard_summary
-from videosft.data.sample_store import ShardWriter
+from videosft.encoding.layout import layout_name
+from videosft.encoding.samples import build_sample, processor_geometry, tells_time_by_grid
+from videosft.data.sample_store import ShardWriter, gather_shards, shard_metadata, shard_summary
 from videosft.media.video import Clip
 from trace_summary import load_events, summarize  # noqa: E402
 
@@ -97,16 +97,17 @@ class SyntheticVideo:
         return Clip(torch.from_numpy(frames), picks.tolist(), (picks / self.fps).tolist(), frame_plan, FRAME_SIDE, FRAME_SIDE)
 
 
-def build_samples(cfg: dict, out: Path, windows: int, seconds: float, ranges: int) -> dict:
+def build_samples(config: dict, out: Path, windows: int, seconds: float, ranges: int) -> dict:
     from transformers import AutoProcessor
 
-    processor = AutoProcessor.from_pretrained(cfg["model"]["path"])
+    cfg = config_lib.for_stage("preprocess", config)
+    processor = AutoProcessor.from_pretrained(cfg.model.path)
     geometry = processor_geometry(processor)
-    budget = resolve_budget(cfg["video"])
+    budget = resolve_budget(cfg.video)
     shard = out / "shards" / "0"
     shard.mkdir(parents=True, exist_ok=True)
-    (shard / "rejects.jsonl").write_text("")
-    metadata = shard_metadata(cfg, processor, budget, geometry)
+    metadata = shard_metadata(cfg, budget.as_dict(), geometry,
+                              layout_name(cfg.prompt.video_layout, tells_time_by_grid(processor)))
     writer = ShardWriter(shard, metadata, 2**40)
     facts: dict[str, list] = {k: [] for k in ("visual_tokens", "text_tokens", "input_tokens", "supervised_tokens",
                                               "decode_seconds", "budget_max_tokens", "frames")}
@@ -122,7 +123,7 @@ def build_samples(cfg: dict, out: Path, windows: int, seconds: float, ranges: in
             facts[key].append(len(sample["frame_indices"]) if key == "frames" else sample[key])
     files = writer.close()
     (shard / "summary.json").write_text(json.dumps(shard_summary(windows, writer, files, facts, metadata)))
-    gather([shard], out, cfg, {})
+    gather_shards([shard], out).write_manifest(out)
     return {key: (min(values), max(values)) for key, values in facts.items()}
 
 

@@ -141,7 +141,8 @@ def test_a_marker_rounded_at_a_tie_is_not_taken_for_a_clock_error(demo_dir):
 
     processor = AutoProcessor.from_pretrained(demo_dir / "model")
     geometry = encoding.processor_geometry(processor)
-    budget = resolve_budget(config_lib.section("video", {"fps": 4.5, "max_frames": 144, "max_tokens": 4}), environ={})
+    cfg = config_lib.for_stage("preprocess", {"video": {"fps": 4.5, "max_frames": 144, "max_tokens": 4}})
+    budget = resolve_budget(cfg.video, environ={})
 
     class Video:
         def clip(self, start, end, budget, patch_size, merge_size, temporal_patch_size):

@@ -14,7 +14,9 @@ verify, report; tests and benchmarks), so that none of them imports the preproce
   so a reader never misreads samples written by other code;
 * ``manifest.json`` (:func:`write_manifest`) lists each split's files relative to itself, with the
   sample counts, the budget, geometry, video layout and think block; :func:`read_manifest` reads
-  it, and :func:`sample_files` and :func:`read_samples` read through it;
+  it, and :func:`sample_files` and :func:`read_samples` read through it. The preprocess stage writes
+  its samples in shards, one directory each with a ``summary.json`` (:func:`shard_summary`);
+  :func:`gather_shards` joins them into what the manifest lists;
 * a split larger than memory is read through :func:`index_samples` (the small columns of every row
   and where the row lives) and a :class:`SampleReader`, which fetches the rows asked for, one row
   group at a time; :func:`read_samples` holds a whole split and suits small splits and few columns.
@@ -32,9 +34,10 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from ..config import View
 from ..errors import InputError
 from ..media.pixels import stored_bytes
-from ..provenance import write_json
+from ..provenance import sha256_file, write_json
 
 SCHEMA_VERSION = 4  # 2: second_per_grid (Qwen2.5-VL's time step per frame pair); 3: video_layout;
 #                     4: the processor's input frames instead of its float16 pixels
@@ -145,6 +148,29 @@ class ShardWriter:
         return dict(self.files)
 
 
+# The model's files that decide its tokens and pixels: a sample made with other ones is another sample.
+MODEL_FILES = ("tokenizer.json", "tokenizer_config.json", "processor_config.json", "preprocessor_config.json",
+               "video_preprocessor_config.json", "chat_template.jinja")
+
+
+def model_hashes(model_path: Path) -> dict:
+    return {name: sha256_file(model_path / name) for name in MODEL_FILES if (model_path / name).exists()}
+
+
+def shard_metadata(cfg: View, budget: dict, geometry: dict, video_layout: str) -> dict:
+    """What every sample file of a shard records about how its samples were made (``cfg``: the
+    preprocess stage's config)."""
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "budget": budget,
+        "geometry": geometry,
+        "model_files_sha256": model_hashes(Path(cfg.model.path)),
+        "max_length": cfg.data.max_length,
+        "video_layout": video_layout,
+        "think_block": cfg.prompt.think_block,
+    }
+
+
 def read_metadata(path: Path) -> dict:
     """The videosft metadata of a samples file; refuses a schema version this code does not know."""
     raw = pq.read_schema(path).metadata or {}
@@ -174,6 +200,50 @@ def write_manifest(out_dir: Path, files: dict[str, list[str]], samples: dict[str
 def read_manifest(manifest_path: Path) -> dict:
     """``manifest.json`` with the fields :func:`write_manifest` gave it."""
     return json.loads(Path(manifest_path).read_text())
+
+
+def shard_summary(windows: int, writer: ShardWriter, files: dict, facts: dict, metadata: dict, **extra) -> dict:
+    """What a shard tells the gather step (written as its summary.json)."""
+    return {"windows": windows, "samples": dict(writer.counts), "files": files, "facts": facts,
+            "budget": metadata["budget"], "geometry": metadata["geometry"],
+            "video_layout": metadata["video_layout"], "think_block": metadata["think_block"], **extra}
+
+
+@dataclass
+class Gathered:
+    """The shards of one run joined: each split's sample files (relative to the gather directory) and
+    sample counts, the facts of every sample, the windows the shards were given, and how the samples
+    were made (from the first shard; every shard made them with the same config)."""
+    files: dict[str, list[str]]
+    samples: dict[str, int]
+    facts: dict[str, list]
+    windows: int
+    budget: dict
+    geometry: dict
+    video_layout: str
+    think_block: str
+
+    def write_manifest(self, out_dir: Path) -> None:
+        write_manifest(out_dir, self.files, self.samples, self.budget, self.geometry, self.video_layout,
+                       self.think_block)
+
+
+def gather_shards(shard_dirs: list[Path], out_dir: Path) -> Gathered:
+    """The shard directories' summaries joined, for a manifest in ``out_dir``."""
+    summaries = [json.loads((directory / "summary.json").read_text()) for directory in shard_dirs]
+    files: dict[str, list[str]] = defaultdict(list)
+    counts: dict[str, int] = defaultdict(int)
+    facts: dict[str, list] = defaultdict(list)
+    for directory, summary in zip(shard_dirs, summaries):
+        for split, names in summary["files"].items():
+            files[split] += [str((directory / name).resolve().relative_to(out_dir.resolve())) for name in names]
+        for split, count in summary["samples"].items():
+            counts[split] += count
+        for key, values in summary["facts"].items():
+            facts[key] += values
+    first = summaries[0]
+    return Gathered(dict(files), dict(counts), dict(facts), sum(summary["windows"] for summary in summaries),
+                    first["budget"], first["geometry"], first["video_layout"], first["think_block"])
 
 
 def sample_files(manifest_path: Path, split: str) -> list[Path]:

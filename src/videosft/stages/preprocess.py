@@ -18,31 +18,24 @@ manifest are the sample store's (:mod:`videosft.data.sample_store`), through whi
 
 from __future__ import annotations
 
-import json
 from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
-import pyarrow.parquet as pq
 
 from .. import config as config_lib
-from ..encoding.budget import resolve_budget
-from ..encoding.samples import build_sample, processor_geometry, tells_time_by_grid
-from ..errors import InputError
-from ..encoding.layout import layout_name
-from ..progress import ProgressLine
-from ..provenance import exit_after, run_record, sha256_file, stage_parser, write_json
 from ..config import View
 from ..data.rejects import Rejects
-from ..data.sample_store import SCHEMA_VERSION, ShardWriter, write_manifest
+from ..data.sample_store import ShardWriter, gather_shards, shard_metadata, shard_summary
+from ..data.windows import read_windows, video_shards
+from ..encoding.budget import resolve_budget
+from ..encoding.layout import layout_name
+from ..encoding.samples import build_sample, processor_geometry, tells_time_by_grid
+from ..errors import InputError
 from ..media.timeline import resolve_video
 from ..media.video import VideoFile
-
-
-def model_hashes(model_path: Path) -> dict:
-    names = ["tokenizer.json", "tokenizer_config.json", "processor_config.json",
-             "preprocessor_config.json", "video_preprocessor_config.json", "chat_template.jinja"]
-    return {name: sha256_file(model_path / name) for name in names if (model_path / name).exists()}
+from ..progress import ProgressLine
+from ..provenance import exit_after, run_record, stage_parser, write_json
 
 
 def summarize(values: list[float]) -> dict:
@@ -50,43 +43,6 @@ def summarize(values: list[float]) -> dict:
         return {}
     array = np.asarray(values, dtype=float)
     return {"min": float(array.min()), "mean": float(array.mean()), "max": float(array.max())}
-
-
-def video_shards(windows: list[dict], shards: int) -> dict[str, int]:
-    """The shard each video's windows go to: all of one video in one shard (one decoder open).
-
-    Videos, most windows first, each to the shard with the fewest windows so far, so that shards
-    finish together; every shard process computes the same assignment from the same windows.
-    """
-    counts: dict[str, int] = defaultdict(int)
-    for window in windows:
-        counts[window["video"]] += 1
-    load = [0] * shards
-    assignment = {}
-    for video in sorted(counts, key=lambda name: (-counts[name], name)):
-        assignment[video] = load.index(min(load))
-        load[assignment[video]] += counts[video]
-    return assignment
-
-
-def shard_metadata(cfg: View, processor, budget, geometry: dict) -> dict:
-    """What every sample file of a shard records about how its samples were made."""
-    return {
-        "schema_version": SCHEMA_VERSION,
-        "budget": budget.as_dict(),
-        "geometry": geometry,
-        "model_files_sha256": model_hashes(Path(cfg.model.path)),
-        "max_length": cfg.data.max_length,
-        "video_layout": layout_name(cfg.prompt.video_layout, tells_time_by_grid(processor)),
-        "think_block": cfg.prompt.think_block,
-    }
-
-
-def shard_summary(windows: int, writer, files: dict, facts: dict, metadata: dict, **extra) -> dict:
-    """What a shard tells the gather step (written as summary.json)."""
-    return {"windows": windows, "samples": dict(writer.counts), "files": files, "facts": facts,
-            "budget": metadata["budget"], "geometry": metadata["geometry"],
-            "video_layout": metadata["video_layout"], "think_block": metadata["think_block"], **extra}
 
 
 def run_shard(windows_path: Path, out_dir: Path, cfg: View, shard: int, shards: int, record: dict) -> None:
@@ -99,10 +55,11 @@ def run_shard(windows_path: Path, out_dir: Path, cfg: View, shard: int, shards: 
     budget = resolve_budget(cfg.video)
     out_dir.mkdir(parents=True, exist_ok=True)
     rejects = Rejects(out_dir / "rejects.jsonl")
-    metadata = shard_metadata(cfg, processor, budget, geometry)
+    metadata = shard_metadata(cfg, budget.as_dict(), geometry,
+                              layout_name(cfg.prompt.video_layout, tells_time_by_grid(processor)))
     writer = ShardWriter(out_dir, metadata, int(cfg.preprocess.shard_mb * 2**20),
                          cfg.preprocess.pixel_compression)
-    windows = pq.ParquetFile(windows_path).read().to_pylist()  # read_table would import pyarrow.dataset and pandas
+    windows = read_windows(windows_path)
     assignment = video_shards(windows, shards)
     windows = [w for w in windows if assignment[w["video"]] == shard]
     by_video: dict[str, list[dict]] = defaultdict(list)
@@ -146,26 +103,15 @@ FACTS = ("visual_tokens", "text_tokens", "input_tokens", "supervised_tokens", "d
 def gather(shard_dirs: list[Path], out_dir: Path, cfg: View, record: dict) -> None:
     """Join the shards: one manifest of sample files per split, the rejects, the summary, the checks."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    summaries = [json.loads((directory / "summary.json").read_text()) for directory in shard_dirs]
-    files: dict[str, list[str]] = defaultdict(list)
-    counts: dict[str, int] = defaultdict(int)
-    facts: dict[str, list] = defaultdict(list)
-    for directory, summary in zip(shard_dirs, summaries):
-        for split, names in summary["files"].items():
-            files[split] += [str((directory / name).resolve().relative_to(out_dir.resolve())) for name in names]
-        for split, count in summary["samples"].items():
-            counts[split] += count
-        for key, values in summary["facts"].items():
-            facts[key] += values
+    shards = gather_shards(shard_dirs, out_dir)
     rejects = Rejects.merged(out_dir / "rejects.jsonl", [directory / "rejects.jsonl" for directory in shard_dirs])
-    windows = sum(summary["windows"] for summary in summaries)
-    budget = summaries[0]["budget"]
+    windows, counts, budget = shards.windows, shards.samples, shards.budget
     record["results"] = {
-        "windows": windows, "samples": dict(counts), "rejects": len(rejects),
+        "windows": windows, "samples": counts, "rejects": len(rejects),
         "rejects_by_reason": rejects.summary()["by_reason"],
-        "budget": budget, "geometry": summaries[0]["geometry"], "shards": len(shard_dirs),
-        "video_layout": summaries[0]["video_layout"], "think_block": summaries[0]["think_block"],
-        **{key: summarize(values) for key, values in facts.items()},
+        "budget": budget, "geometry": shards.geometry, "shards": len(shard_dirs),
+        "video_layout": shards.video_layout, "think_block": shards.think_block,
+        **{key: summarize(values) for key, values in shards.facts.items()},
     }
     results = record["results"]
     print(
@@ -179,8 +125,7 @@ def gather(shard_dirs: list[Path], out_dir: Path, cfg: View, record: dict) -> No
     for split in ("train", "val"):
         if not counts.get(split):
             raise InputError(f"no {split} samples were produced; check the window split and the rejects")
-    write_manifest(out_dir, dict(files), dict(counts), budget, summaries[0]["geometry"], summaries[0]["video_layout"],
-                   summaries[0]["think_block"])
+    shards.write_manifest(out_dir)
 
 
 def main(argv: list[str] | None = None) -> int:
