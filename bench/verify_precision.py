@@ -3,8 +3,8 @@
     python bench/verify_precision.py --model M --manifest preprocess/manifest.json --adapter A \\
         --dtype fp32 --variants torch:tf32off fla:tf32off torch:tf32on fla:tf32on --out r.json
 
-Loads the base as `videosft.stages.verify.load_model` does (``from_pretrained`` in --dtype on the GPU, then
-``PeftModel.from_pretrained``), and on the first --samples val samples does what
+Loads the base as the verify stage does (`videosft.models.loading.load_model`: ``from_pretrained`` in
+--dtype on the GPU, then ``PeftModel.from_pretrained``), and on the first --samples val samples does what
 `evaluation.adapter_checks.forward_agreement` does: full logits of the unmerged model, then of the merged one (here
 ``merge_adapter``, restored exactly afterwards from saved copies so that the next variant starts from
 the same weights). Per variant: the Gated-DeltaNet function transformers' Qwen3.5 modeling calls

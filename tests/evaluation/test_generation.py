@@ -5,10 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from videosft import config as config_lib
-from videosft.stages import predict
 from videosft.evaluation.generation import greedy_answers, is_degenerate
 from videosft.media.pixels import load_video_processor
 from videosft.data.rejects import Rejects
+from videosft.data.windows import read_windows
+from videosft.encoding.prompts import window_prompts
 from videosft.media.timeline import resolve_video
 from videosft.media.video import VideoFile
 
@@ -16,18 +17,16 @@ from videosft.media.video import VideoFile
 def val_prompts(prepared, demo_config, rejects: Rejects) -> list[dict]:
     """The demo's val windows as predict builds their prompts (the training samples' code), each
     asked about something else, so that the prompts differ in length as real queries do."""
-    import pyarrow.parquet as pq
     from transformers import AutoProcessor
 
     cfg = config_lib.for_stage("predict", demo_config)
     processor = AutoProcessor.from_pretrained(cfg.model.path)
-    windows = pq.read_table(prepared / "window" / "windows.parquet").to_pylist()
-    windows = [window for window in windows if window["split"] == "val"]
+    windows = read_windows(prepared / "window" / "windows.parquet", "val")
     queries = ["the ball", "the red ball", "the red ball in the middle of the frame", "a red ball moving fast"]
     prompts = []
     for window, query in zip(windows, queries):
         path = resolve_video(Path(cfg.data.root), window["video"])
-        made, _ = predict.window_prompts(VideoFile(path), [{**window, "query": query}], processor, cfg, rejects)
+        made, _ = window_prompts(VideoFile(path), [{**window, "query": query}], processor, cfg, rejects)
         prompts += made
     return prompts
 

@@ -7,7 +7,6 @@ import json
 import shutil
 from pathlib import Path
 
-import pyarrow.parquet as pq
 import pytest
 
 from conftest import stage_json
@@ -18,6 +17,8 @@ from videosft import reporting as report
 from videosft.evaluation.cutlist import clip_ranges, merge_votes
 from videosft.data.rejects import Rejects
 from videosft.data.sample_store import read_samples
+from videosft.data.windows import read_windows, windows_by_video
+from videosft.encoding.prompts import window_prompts
 from videosft.media.video import VideoFile
 
 
@@ -55,11 +56,11 @@ def test_predict_feeds_the_model_the_training_prompt_of_each_window(prepared, de
     cfg = predict_cfg(demo_config)
     processor = AutoProcessor.from_pretrained(cfg.model.path)
     samples = {row["window_id"]: row for row in read_samples(prepared / "preprocess" / "manifest.json", "val")}
-    videos = predict.videos_to_predict(cfg, prepared / "window" / "windows.parquet")
+    videos = windows_by_video(read_windows(prepared / "window" / "windows.parquet", "val"), Path(cfg.data.root))
     compared = 0
     for (path, _query), windows in videos.items():
-        prompts, results = predict.window_prompts(VideoFile(Path(path)), windows, processor, cfg,
-                                                  Rejects(Path("/tmp") / "unused-rejects.jsonl"))
+        prompts, results = window_prompts(VideoFile(Path(path)), windows, processor, cfg,
+                                          Rejects(Path("/tmp") / "unused-rejects.jsonl"))
         for prompt, result in zip(prompts, results):
             sample = samples[result["window_id"]]
             first = next(i for i, label in enumerate(sample["labels"]) if label != -100)
@@ -105,8 +106,7 @@ def predicted(prepared, demo_config, adapter, tmp_path_factory) -> Path:
 
 def test_every_val_video_gets_ranges_and_timelines_an_editor_opens(predicted, prepared):
     summary = json.loads((predicted / "summary.json").read_text())
-    val_videos = {row["video"] for row in pq.read_table(prepared / "window" / "windows.parquet").to_pylist()
-                  if row["split"] == "val"}
+    val_videos = {row["video"] for row in read_windows(prepared / "window" / "windows.parquet", "val")}
     assert summary["predicted"] == len(val_videos) == len(summary["outputs"]) > 0
     seconds = summary["seconds"]  # where predict's time goes (bench/ reads it)
     assert set(seconds) == {"load_model", "open", "decode", "preprocess", "generate"}

@@ -8,13 +8,16 @@ where its answer keeps, cut elsewhere. A moment of the video is kept when at lea
 two overlapping windows, one is enough; with three, two are). Windows whose answer did not parse
 abstain; a moment that only such windows cover is cut. The rule is applied exactly, on the
 elementary intervals between all window and range boundaries, not on a time grid.
+
+The cut lists of annotated videos are scored in source time (:func:`evaluate_in_source_time`).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from ..media.timeline import Range
+from ..media.timeline import Range, merge_ranges
+from .metrics import source_time_metrics
 
 
 def to_source(local: list[Range], window_start: float, window_end: float) -> list[Range]:
@@ -102,3 +105,14 @@ def clip_ranges(path: Path, adapter: str | None = None) -> list[Range]:
     read = otio.adapters.read_from_file(str(path), adapter_name=adapter)
     return [(clip.source_range.start_time.to_seconds(), clip.source_range.end_time_exclusive().to_seconds())
             for clip in read.find_clips()]
+
+
+def evaluate_in_source_time(results: list[dict]) -> dict:
+    """The merged source-time ranges against what the annotations keep, per video and query: the
+    window stage's keep ranges of the val windows, joined back into source time (so fragments it
+    dropped as shorter than window.min_fragment are not asked for). ``results``: the predict
+    stage's per video and query (``name``, ``ranges``, ``source_windows``)."""
+    predicted = {r["name"]: r["ranges"] for r in results}
+    targets = {r["name"]: merge_ranges([tuple(x) for w in r["source_windows"] for x in w["keep_source"]])[0]
+               for r in results}
+    return source_time_metrics(predicted, targets)

@@ -24,20 +24,21 @@ import shutil
 import time
 from pathlib import Path
 
-from ..kernels import autotune
 from .. import config as config_lib
-from ..encoding.budget import resolve_budget
-from ..encoding.chat import parse_answer
-from ..evaluation.cutlist import merge_votes, timeline, timeline_rate, to_source, write_timelines
-from ..encoding.samples import build_sample, processor_geometry
-from ..errors import ConfigError
-from ..evaluation.generation import greedy_answers, prompt_of
-from ..evaluation.metrics import source_time_metrics
-from ..provenance import exit_after, run_record, stage_parser, write_json
 from ..config import View
 from ..data.rejects import Rejects
-from ..media.timeline import resolve_video, window_bounds
+from ..data.windows import read_windows, window_row, windows_by_video
+from ..encoding.chat import parse_answer
+from ..encoding.prompts import window_prompts
+from ..errors import ConfigError
+from ..evaluation.cutlist import evaluate_in_source_time, merge_votes, timeline, timeline_rate, to_source, \
+    write_timelines
+from ..evaluation.generation import greedy_answers
+from ..kernels import autotune
+from ..media.timeline import window_bounds
 from ..media.video import VideoFile
+from ..models.loading import load_model
+from ..provenance import exit_after, run_record, stage_parser, write_json
 
 VIDEO_SUFFIXES = {".mp4", ".mov", ".mkv", ".avi", ".webm", ".m4v"}
 
@@ -48,14 +49,7 @@ def videos_to_predict(cfg: View, windows_path: Path | None) -> dict[tuple[str, s
     if source == "val":
         if windows_path is None:
             raise ConfigError("predict.videos is val: give --windows results/window/windows.parquet")
-        import pyarrow.parquet as pq
-
-        by_video: dict[tuple[str, str], list[dict]] = {}
-        for row in pq.ParquetFile(windows_path).read().to_pylist():
-            if row["split"] == "val":  # one cut list per video and query (QVHighlights has several)
-                path = str(resolve_video(Path(cfg.data.root), row["video"]))
-                by_video.setdefault((path, row["query"]), []).append(row)
-        return by_video
+        return windows_by_video(read_windows(windows_path, "val"), Path(cfg.data.root))
     path = Path(source)
     if path.is_dir():
         return {(str(p), None): None for p in sorted(path.rglob("*")) if p.suffix.lower() in VIDEO_SUFFIXES}
@@ -65,55 +59,12 @@ def videos_to_predict(cfg: View, windows_path: Path | None) -> dict[tuple[str, s
 
 
 def cut_into_windows(video: VideoFile, name: str, cfg: View) -> list[dict]:
+    """A new video's windows, by the window stage's rules (a ``drop`` tail read as ``shift``)."""
     window_cfg = cfg.window
     tail = "shift" if window_cfg.tail == "drop" else window_cfg.tail
-    query = cfg.predict.query or cfg.prompt.default_query
-    return [{"window_id": f"{name}#{index}", "video": name, "query": query, "split": "predict",
-             "window_index": index, "window_start": start, "window_end": end, "keep_local": []}
-            for index, (start, end) in enumerate(window_bounds(video.duration, window_cfg.length,
-                                                               window_cfg.stride, tail))]
-
-
-def load_model(cfg: View, adapter: Path | None):
-    """Base + adapter (merged into the weights for speed) or a merged checkpoint; bf16 on a GPU."""
-    import torch
-    from transformers import AutoConfig
-
-    from ..models.checkpoint import model_class
-
-    model_dir = Path(cfg.model.path)
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    dtype = torch.bfloat16 if device == "cuda" else torch.float32
-    model = model_class(AutoConfig.from_pretrained(model_dir)).from_pretrained(model_dir, dtype=dtype,
-                                                                                device_map=device)
-    if adapter is not None:
-        from peft import PeftModel
-
-        model = PeftModel.from_pretrained(model, adapter).merge_and_unload()
-    return model.eval()
-
-
-def window_prompts(video: VideoFile, windows: list[dict], processor, cfg: View,
-                   rejects: Rejects, timings: dict | None = None) -> tuple[list[dict], list[dict]]:
-    """Each window's prompt, made as its training sample is (the answer cut off), and a result
-    entry for it; a window that cannot be encoded goes to the rejects. ``timings`` gains the
-    seconds spent decoding frames ("decode") and making prompts of them ("preprocess")."""
-    budget, geometry = resolve_budget(cfg.video), processor_geometry(processor)
-    timings = {"decode": 0.0, "preprocess": 0.0} if timings is None else timings
-    prompts, results = [], []
-    for window in windows:
-        started = time.perf_counter()
-        try:
-            sample = build_sample({**window, "keep_local": []}, video, processor, cfg, budget, geometry)
-        except Exception as error:  # one bad window never loses the others
-            rejects.add(window["window_id"], error, video=window["video"])
-            continue
-        timings["decode"] += sample["decode_seconds"]
-        timings["preprocess"] += time.perf_counter() - started - sample["decode_seconds"]
-        prompts.append(prompt_of(sample))
-        results.append({"window_id": window["window_id"], "start": window["window_start"],
-                        "end": window["window_end"], "prompt_tokens": len(prompts[-1]["input_ids"])})
-    return prompts, results
+    query, duration = cfg.predict.query or cfg.prompt.default_query, video.duration
+    return [window_row(f"{name}#{index}", name, query, "predict", duration, index, bounds)
+            for index, bounds in enumerate(window_bounds(duration, window_cfg.length, window_cfg.stride, tail))]
 
 
 def predict_video(path: Path, windows: list[dict] | None, model, processor, cfg: View, rejects: Rejects,
@@ -175,7 +126,7 @@ def predict(cfg: View, adapter: Path | None, windows_path: Path | None, out: Pat
         shutil.rmtree(stale) if stale.is_dir() else stale.unlink(missing_ok=True)
     processor = AutoProcessor.from_pretrained(cfg.model.path)
     started = time.perf_counter()
-    model = load_model(cfg, adapter)
+    model = load_model(Path(cfg.model.path), adapter, merge=True)
     # fla's autotuning choices for this GPU model: without them the first prompts autotune the
     # kernels fla runs (8.6 s for one norm's key on an H200, bench/RESULTS.md)
     autotuned = autotune.apply(model.device)
@@ -206,18 +157,6 @@ def predict(cfg: View, adapter: Path | None, windows_path: Path | None, out: Pat
     if not results:
         raise ConfigError(f"no video of predict.videos ({cfg.predict.videos}) could be read; see "
                           f"{rejects.path}")
-
-
-def evaluate_in_source_time(results: list[dict]) -> dict:
-    """The merged source-time ranges against what the annotations keep, per video and query: the
-    window stage's keep ranges of the val windows, joined back into source time (so fragments it
-    dropped as shorter than window.min_fragment are not asked for)."""
-    from ..media.timeline import merge_ranges
-
-    predicted = {r["name"]: r["ranges"] for r in results}
-    targets = {r["name"]: merge_ranges([tuple(x) for w in r["source_windows"] for x in w["keep_source"]])[0]
-               for r in results}
-    return source_time_metrics(predicted, targets)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -30,22 +30,9 @@ from ..evaluation.adapter_checks import VerificationError, adapter_problems, com
 from ..evaluation.answers import evaluate
 from ..evaluation.answers import table as evaluation_table
 from ..media.pixels import load_video_processor
-from ..models.checkpoint import model_class
+from ..models.loading import load_model
 from ..provenance import exit_after, run_record, stage_parser
 from ..training.profiling import gpu_peak_gib
-
-
-def load_model(model_dir: Path, adapter_dir: Path, dtype=None):
-    import torch
-    from peft import PeftModel
-    from transformers import AutoConfig
-
-    config = AutoConfig.from_pretrained(model_dir)
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    base = model_class(config).from_pretrained(model_dir, dtype=dtype or torch.float32, device_map=device)
-    model = PeftModel.from_pretrained(base, adapter_dir)
-    model.eval()
-    return model
 
 
 def verify(cfg: View, adapter_dir: Path, samples_path: Path) -> dict:
