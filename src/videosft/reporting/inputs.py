@@ -8,8 +8,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, TypeVar
 
-import pyarrow.parquet as pq
-
 from ..data.predict_summary import PredictSummary, read_predict_summary
 from ..data.probe_result import read_planned_gpu_memory
 from ..data.rejects import read_rejects
@@ -17,6 +15,7 @@ from ..data.sample_store import read_manifest
 from ..data.train_logs import read_all_steps
 from ..data.train_results import TrainResults, read_train_results
 from ..data.verify_result import VerifyResult, read_verify
+from ..data.windows import read_windows
 
 T = TypeVar("T")
 
@@ -78,11 +77,6 @@ def optional(reading: Callable[[], T], default: Any = None) -> tuple[T | Any, st
         return reading(), None
     except Missing as missing:
         return default, str(missing)
-
-
-def read_windows(path: Path) -> list[dict]:
-    """Each window's split and ranges to keep (``keep_local``) from the window stage's windows.parquet."""
-    return pq.read_table(path, columns=["split", "keep_local"]).to_pylist()
 
 
 def windows(inputs: Inputs) -> list[dict]:
