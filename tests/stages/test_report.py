@@ -17,6 +17,7 @@ from conftest import PROJECT, stage_json
 from videosft.data import train_logs
 from videosft.reporting import FIGURES, Inputs, make_report
 from videosft.stages import report
+from videosft.errors import REASONS
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -110,8 +111,10 @@ def inputs(prepared, tmp_path_factory) -> Inputs:
     extra = tmp_path_factory.mktemp("report-inputs")
     window_rejects = extra / "window-rejects.jsonl"  # the demo has none: add two, of two reasons
     window_rejects.write_text(
-        json.dumps({"where": "annotations.jsonl:7", "reason": "FileNotFoundError", "error": "no video"}) + "\n"
-        + json.dumps({"where": "annotations.jsonl:9", "reason": "ValueError", "error": "keep range"}) + "\n")
+        json.dumps({"where": "annotations.jsonl:7", "code": "video_missing", "reason": REASONS["video_missing"],
+                    "error": "no video"}) + "\n"
+        + json.dumps({"where": "annotations.jsonl:9", "code": "keep_after_end", "reason": REASONS["keep_after_end"],
+                      "error": "keep range"}) + "\n")
     train = write_train(extra / "train")
     return Inputs(
         windows=prepared / "window" / "windows.parquet",
@@ -153,7 +156,7 @@ def test_svg_figures_keep_their_text(inputs, tmp_path):
     texts = {name: assert_svg(tmp_path / f"{name}.svg") for name in FIGURES}
     assert "predicted allocated" in texts["memory"] and "rank 1" in texts["loss"]
     assert "config video.max_tokens" in texts["tokens"]  # where the budget came from
-    assert "window: FileNotFoundError" in texts["windows"] and "fine-tuned" in texts["evaluation"]
+    assert "window: video file does not exist" in texts["windows"] and "fine-tuned" in texts["evaluation"]
     assert "keep_precision" in texts["evaluation"] and "In source time" in texts["evaluation"]
 
 

@@ -11,6 +11,7 @@ import pytest
 from conftest import assert_ranges_close, stage_json
 from videosft.stages import window
 from videosft.data.rejects import TooManyRejects
+from videosft.errors import REASONS
 from videosft.data.windows import read_windows
 
 
@@ -89,6 +90,14 @@ def test_bad_lines_are_rejected_one_by_one_and_the_rest_processed(demo_dir, tmp_
                      "after the video's duration", "duplicate", "leaves data.root", "absolute"):
         assert fragment in messages, fragment
     assert record["results"]["rejects"]["count"] == len(rejects)
+    # each kind of problem has its code and its reason in words a person acts on, counted per kind
+    code_of = {int(r["where"].rsplit(":", 1)[1]): r["code"] for r in rejects}
+    assert {line: code_of[line] for line in (2, 3, 4, 5, 6, 7, 8, 9, 11, 12)} == {
+        2: "not_json", 3: "video_missing", 4: "bad_keep_range", 5: "bad_keep_range", 6: "bad_keep_range",
+        7: "keep_after_end", 8: "duplicate", 9: "video_undecodable", 11: "video_outside_root",
+        12: "video_outside_root"}
+    assert all(r["reason"] == REASONS[r["code"]] and not r["reason"].endswith("Error") for r in rejects)
+    assert record["results"]["rejects"]["by_reason"]["keep range ends after the video"] == 1
 
     strict = {"data": {"annotations": str(annotations), "root": str(root)}, "window": {}}
     with pytest.raises(TooManyRejects, match="rejected"):

@@ -16,27 +16,28 @@ from pathlib import Path
 from ..config import View
 from ..media.timeline import Range, resolve_video
 from ..media.video import VideoFile
+from ..errors import Rejected
 from .rejects import Rejects
 
 
 def _checked_ranges(ranges, field: str) -> list[Range]:
     if not isinstance(ranges, list):
-        raise ValueError(f'"{field}" must be a list of [start, end] pairs')
+        raise Rejected("bad_keep_range", f'"{field}" must be a list of [start, end] pairs')
     checked = []
     for pair in ranges:
         if not (isinstance(pair, list) and len(pair) == 2
                 and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in pair)):
-            raise ValueError(f"keep range {pair!r} is not a [start, end] pair of numbers")
+            raise Rejected("bad_keep_range", f"keep range {pair!r} is not a [start, end] pair of numbers")
         try:
             start, end = float(pair[0]), float(pair[1])
         except OverflowError:
-            raise ValueError(f"keep range {pair!r} has a time too large to be seconds") from None
+            raise Rejected("bad_keep_range", f"keep range {pair!r} has a time too large to be seconds") from None
         if not (math.isfinite(start) and math.isfinite(end)):
-            raise ValueError(f"keep range {pair!r} has a non-finite time")
+            raise Rejected("bad_keep_range", f"keep range {pair!r} has a non-finite time")
         if start < 0:
-            raise ValueError(f"keep range {pair!r} starts before 0")
+            raise Rejected("bad_keep_range", f"keep range {pair!r} starts before 0")
         if start >= end:
-            raise ValueError(f"keep range {pair!r} has start >= end")
+            raise Rejected("bad_keep_range", f"keep range {pair!r} has start >= end")
         checked.append((start, end))
     return checked
 
@@ -46,21 +47,21 @@ def parse_annotation(line: str, data_cfg: View) -> dict:
     try:
         row = json.loads(line)
     except json.JSONDecodeError as error:
-        raise ValueError(f"not valid JSON ({error.msg} at column {error.colno})") from None
+        raise Rejected("not_json", f"not valid JSON ({error.msg} at column {error.colno})") from None
     if data_cfg.format == "qvhighlights":
         if not isinstance(row, dict) or not isinstance(row.get("vid"), str):
-            raise ValueError('needs an object with a string "vid"')
+            raise Rejected("bad_fields", 'needs an object with a string "vid"')
         video, keep, key, id_key = row["vid"] + data_cfg.video_suffix, row.get("relevant_windows"), "relevant_windows", "qid"
     else:
         if not isinstance(row, dict) or not isinstance(row.get("video"), str):
-            raise ValueError('needs an object with a string "video"')
+            raise Rejected("bad_fields", 'needs an object with a string "video"')
         video, keep, key, id_key = row["video"], row.get("keep", []), "keep", "id"
     query = row.get("query")
     if query is not None and not isinstance(query, str):
-        raise ValueError('"query" must be a string')
+        raise Rejected("bad_fields", '"query" must be a string')
     duration = row.get("duration")
     if duration is not None and not (isinstance(duration, (int, float)) and math.isfinite(duration) and duration > 0):
-        raise ValueError(f'"duration" {duration!r} must be a positive number of seconds')
+        raise Rejected("bad_fields", f'"duration" {duration!r} must be a positive number of seconds')
     return {"video": video, "query": query, "id": row.get(id_key), "duration": duration,
             "keep": _checked_ranges(keep, key)}
 
@@ -69,11 +70,12 @@ def annotation_duration(ann: dict, root: Path, data_cfg: View) -> float:
     """Seconds of the video: from the container, or from the annotation (videos not opened)."""
     if data_cfg.duration == "annotation":
         if ann["duration"] is None:
-            raise ValueError('data.duration is "annotation" but the line has no "duration"')
+            raise Rejected("no_duration", 'data.duration is "annotation" but the line has no "duration"; add it, or '
+                           "set data.duration: container to read it from the video")
         return float(ann["duration"])
     path = resolve_video(root, ann["video"])
     if not path.exists():
-        raise FileNotFoundError(f"video {path} does not exist")
+        raise Rejected("video_missing", f"video {path} does not exist")
     return VideoFile(path).duration
 
 
@@ -91,13 +93,13 @@ def read_annotations(annotations: Path, root: Path, data_cfg: View, rejects: Rej
             ann = parse_annotation(line, data_cfg)
             key = (ann["video"], ann["query"])
             if key in seen:
-                raise ValueError(f"duplicate entry for video {ann['video']!r} and query {ann['query']!r}")
+                raise Rejected("duplicate", f"duplicate entry for video {ann['video']!r} and query {ann['query']!r}")
             seen.add(key)
             resolve_video(root, ann["video"])
             duration = annotation_duration(ann, root, data_cfg)
             late = [r for r in ann["keep"] if r[1] > duration + 1e-3]
             if late:
-                raise ValueError(f"keep ranges {late} end after the video's duration {duration:.3f} s")
+                raise Rejected("keep_after_end", f"keep ranges {late} end after the video's duration {duration:.3f} s")
         except Exception as error:  # one bad line never loses the others
             rejects.add(f"{annotations}:{line_number}", error, video=ann and ann["video"])
             continue

@@ -1,5 +1,11 @@
-"""Rejected items: one JSONL line each (``rejects.jsonl``), counted, read back, and a stage failure
-past a set fraction."""
+"""Rejected items: one JSONL line each, with a stable code and its reason in words, counted per kind,
+and a stage failure past a set fraction.
+
+A check that rejects an item raises :class:`videosft.errors.Rejected` with one of
+:data:`videosft.errors.REASONS`' codes; the code is what scripts and the report count by, the reason
+what a person reads, and the message says which item, what is wrong with it and what to do. Any other exception an item raises is kept too, as
+``unexpected`` with its class name: one bad sample never loses the others.
+"""
 
 from __future__ import annotations
 
@@ -7,8 +13,7 @@ import json
 from collections import Counter
 from pathlib import Path
 
-from ..errors import UserError
-
+from ..errors import REASONS, Rejected, UserError
 
 class TooManyRejects(UserError, RuntimeError):
     pass
@@ -17,8 +22,8 @@ class TooManyRejects(UserError, RuntimeError):
 class Rejects:
     """Collects bad items so that one bad sample never loses the others.
 
-    Each item lands in ``path`` as ``{"where": ..., "reason": ..., "error": ..., **extra}``; the
-    file is rewritten on every add, so it is complete even if the stage dies later.
+    Each item lands in ``path`` as ``{"where": ..., "code": ..., "reason": ..., "error": ..., **extra}``,
+    appended as it is rejected, so the file is complete even if the stage dies later.
     """
 
     def __init__(self, path: Path):
@@ -35,19 +40,27 @@ class Rejects:
         rejects.path.write_text("".join(json.dumps(item, default=str) + "\n" for item in rejects.items))
         return rejects
 
-    def add(self, where: str, error: BaseException | str, **extra) -> None:
-        reason = type(error).__name__ if isinstance(error, BaseException) else "rejected"
-        item = {"where": where, "reason": reason, "error": str(error), **extra}
+    def add(self, where: str, error: BaseException | str, code: str | None = None, **extra) -> None:
+        """One rejected item: ``error`` a :class:`Rejected` (its code), another exception (``unexpected``), or a
+        message with its ``code``."""
+        if isinstance(error, Rejected):
+            code = error.code
+        elif isinstance(error, BaseException):
+            code = "unexpected"
+            error = f"{type(error).__name__}: {error}"
+        code = code or "unexpected"
+        item = {"where": where, "code": code, "reason": REASONS[code], "error": str(error), **extra}
         self.items.append(item)
         with open(self.path, "a") as handle:
             handle.write(json.dumps(item, default=str) + "\n")
-        print(f"rejected {where}: {error}", flush=True)
+        print(f"rejected {where} ({REASONS[code]}): {error}", flush=True)
 
     def __len__(self) -> int:
         return len(self.items)
 
     def summary(self) -> dict:
-        return {"count": len(self.items), "by_reason": dict(Counter(item["reason"] for item in self.items))}
+        return {"count": len(self.items), "by_reason": dict(Counter(item["reason"] for item in self.items)),
+                "by_code": dict(Counter(item["code"] for item in self.items))}
 
     def check(self, max_fraction: float, total: int, what: str) -> None:
         """Fail when more than ``max_fraction`` of ``total`` items were rejected."""
@@ -62,6 +75,6 @@ class Rejects:
 
 
 def read_rejects(path: Path) -> list[dict]:
-    """The items of a rejects file in the order they were rejected: ``where``, ``reason`` (the error's
-    type, or ``rejected``), ``error`` and what the stage added; an empty file rejected nothing."""
+    """The items of a rejects file in the order they were rejected: ``where``, ``code``, ``reason`` (its
+    words), ``error`` (the message) and what the stage added; an empty file rejected nothing."""
     return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]

@@ -14,6 +14,7 @@ from __future__ import annotations
 import re
 
 from ..config import View
+from ..errors import Rejected
 from ..models.families import CHATML
 
 IGNORE_INDEX = -100
@@ -108,10 +109,10 @@ def assistant_labels(input_ids: list[int], tokenizer, answer: str, think_block: 
     header = tokenizer(CHATML.assistant_header, add_special_tokens=False)["input_ids"]
     starts = [i for i, token in enumerate(input_ids) if token == im_start]
     if not starts:
-        raise ValueError("no <|im_start|> in the sample: the chat template did not render")
+        raise Rejected("answer_labels", "no <|im_start|> in the sample: the chat template did not render")
     begin = starts[-1] + 1
     if input_ids[begin:begin + len(header)] != header:
-        raise ValueError("the last turn is not the assistant's")
+        raise Rejected("answer_labels", "the last turn is not the assistant's")
     begin += len(header)
     think = tokenizer(EMPTY_THINK, add_special_tokens=False)["input_ids"]
     expected = answer
@@ -123,10 +124,10 @@ def assistant_labels(input_ids: list[int], tokenizer, answer: str, think_block: 
     try:
         end = input_ids.index(im_end, begin)
     except ValueError:
-        raise ValueError("the assistant turn has no <|im_end|>: the answer was truncated") from None
+        raise Rejected("answer_labels", "the assistant turn has no <|im_end|>: the answer was truncated") from None
     decoded = tokenizer.decode(input_ids[begin:end])
     if decoded != expected:
-        raise ValueError(f"the supervised span decodes to {decoded!r}, not the answer {expected!r}")
+        raise Rejected("answer_labels", f"the supervised span decodes to {decoded!r}, not the answer {expected!r}")
     labels = [IGNORE_INDEX] * len(input_ids)
     labels[begin:end + 1] = input_ids[begin:end + 1]
     return labels

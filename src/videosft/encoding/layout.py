@@ -22,6 +22,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from ..errors import Rejected
 from ..models.families import MARKER_LAYOUTS, QWEN_VISION, video_layouts
 
 LAYOUTS = MARKER_LAYOUTS  # the layouts prompt.video_layout may name
@@ -30,8 +31,11 @@ PLACEHOLDER = VIDEO_START + VIDEO_PAD + VIDEO_END
 MARKER = re.compile(r"^<(\d+(?:\.\d)?) seconds>$")
 
 
-class LayoutError(ValueError):
+class LayoutError(Rejected):
     """The prompt's video tokens are not laid out as the layout rules say."""
+
+    def __init__(self, message: str):
+        super().__init__("video_layout", message)
 
 
 def layout_name(layout: str, tells_time_by_grid: bool) -> str:

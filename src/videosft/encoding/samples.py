@@ -19,6 +19,7 @@ import dataclasses
 import time
 
 from ..config import View
+from ..errors import Rejected
 from .budget import Budget
 from .chat import TEMPLATE_KWARGS, assistant_labels, messages, prompt_timestamps, render_answer
 from .layout import VideoTokens, check_layout, layout_name, template_text
@@ -32,8 +33,8 @@ from ..media.video import Clip, VideoFile
 TIME_BASE = 1000.0
 
 
-class SampleError(ValueError):
-    """A window that cannot become a training sample; it goes to the rejects list."""
+class SampleError(Rejected):
+    """A window that cannot become a training sample; it goes to the rejects list under its code."""
 
 
 def processor_geometry(processor) -> dict:
@@ -100,12 +101,12 @@ def encode_window(window: dict, video: VideoFile, processor, cfg: View, budget: 
     grid = tuple(int(v) for v in encoded["video_grid_thw"][0])
     if grid != clip.plan.grid:
         raise SampleError(
-            f"the processor produced video_grid_thw {list(grid)} but the budget planned "
+            "budget_not_applied", f"the processor produced video_grid_thw {list(grid)} but the budget planned "
             f"{list(clip.plan.grid)}: the budget did not take effect"
         )
     visual_tokens = sum(token == processor.video_token_id for token in input_ids)
     if visual_tokens != clip.plan.visual_tokens:
-        raise SampleError(f"{visual_tokens} video tokens in the prompt, grid implies {clip.plan.visual_tokens}")
+        raise SampleError("budget_not_applied", f"{visual_tokens} video tokens in the prompt, grid implies {clip.plan.visual_tokens}")
     pairs = grid[0]
     check_layout(input_ids, VideoTokens.of(processor.tokenizer), processor.tokenizer.decode, layout,
                  [visual_tokens // pairs] * pairs)
@@ -115,7 +116,7 @@ def encode_window(window: dict, video: VideoFile, processor, cfg: View, budget: 
     else:
         markers = prompt_timestamps(processor.tokenizer.decode(input_ids))
         if len(markers) != len(expected) or any(abs(a - b) > MARKER_TOLERANCE for a, b in zip(markers, expected)):
-            raise SampleError(f"prompt frame times {markers} differ from the window's frame times "
+            raise SampleError("frame_times", f"prompt frame times {markers} differ from the window's frame times "
                               f"{[round(t, 3) for t in expected]}")
     return clip, encoded, input_ids, grid, visual_tokens, answer, decode_seconds
 
@@ -126,7 +127,7 @@ def check_grid_times(step: float, pair_times: list[float]) -> None:
     rate that a fixed step cannot follow)."""
     worst = max(abs(t - pair_times[0] - k * step) for k, t in enumerate(pair_times))
     if worst > step / 2:
-        raise SampleError(f"frame pairs are {worst:.3f} s off the fixed step of {step:.3f} s that Qwen2.5-VL "
+        raise SampleError("variable_frame_rate", f"frame pairs are {worst:.3f} s off the fixed step of {step:.3f} s that Qwen2.5-VL "
                           f"assumes (pair times {[round(t, 3) for t in pair_times]}); the frame rate varies too "
                           "much in this window for a model that tells time by a fixed step")
 
@@ -157,7 +158,7 @@ def build_sample(window: dict, video: VideoFile, processor, cfg: View, budget: B
         decode_seconds += seconds
     if len(input_ids) > max_length:
         raise SampleError(
-            f"{len(input_ids)} tokens exceed data.max_length={max_length} ({visual_tokens} visual"
+            "too_long", f"{len(input_ids)} tokens exceed data.max_length={max_length} ({visual_tokens} visual"
             + (", even at the smallest per-frame budget video.min_tokens" if cfg.data.overlong == "fit" else "")
             + "); lower the video budget or raise data.max_length"
         )

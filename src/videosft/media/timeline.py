@@ -15,6 +15,8 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..errors import Rejected
+
 Range = tuple[float, float]
 
 
@@ -85,8 +87,9 @@ def resolve_video(root: Path, relative: str) -> Path:
     """The video's path under ``root``; paths that leave the root are refused."""
     candidate = Path(relative)
     if candidate.is_absolute():
-        raise ValueError(f"video path {relative!r} is absolute; give it relative to data.root ({root})")
+        raise Rejected("video_outside_root", f"video path {relative!r} is absolute; give it relative to data.root "
+                       f"({root})")
     resolved = (root / candidate).resolve()
     if not resolved.is_relative_to(root.resolve()):
-        raise ValueError(f"video path {relative!r} leaves data.root ({root})")
+        raise Rejected("video_outside_root", f"video path {relative!r} leaves data.root ({root})")
     return resolved

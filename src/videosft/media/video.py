@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from ..encoding.budget import Budget, Plan, frame_count, plan
+from ..errors import Rejected
 
 
 @dataclass
@@ -34,10 +35,10 @@ class VideoFile:
             frame_times = np.asarray(self.reader.get_frame_timestamp(np.arange(len(self.reader))))
             self.start = stream_start(self.path)
         except Exception as error:  # decord raises bare RuntimeErrors / DECORDErrors, PyAV its own
-            raise ValueError(f"{path} could not be decoded as a video ({str(error).splitlines()[0]}); "
-                             "check the file or re-encode it") from None
+            raise Rejected("video_undecodable", f"{path} could not be decoded as a video "
+                           f"({str(error).splitlines()[0]}); check the file or re-encode it") from None
         if len(self.reader) < 2:
-            raise ValueError(f"{path} has {len(self.reader)} frame(s); a video needs at least 2")
+            raise Rejected("too_few_frames", f"{path} has {len(self.reader)} frame(s); a video needs at least 2")
         self.timestamps = frame_times[:, 0] + self.start
         self.duration = float(frame_times[-1, 1]) + self.start
 
@@ -53,15 +54,16 @@ class VideoFile:
 
         candidates = self.window_frames(start, end)
         if len(candidates) < 2:
-            raise ValueError(f"window [{start:.3f}, {end:.3f}] s of {self.path} has {len(candidates)} frame(s)")
+            raise Rejected("too_few_frames", f"window [{start:.3f}, {end:.3f}] s of {self.path} has {len(candidates)} "
+                           "frame(s); a window needs at least 2")
         window_fps = len(candidates) / (end - start)
         picks = np.linspace(0, len(candidates) - 1, frame_count(len(candidates), window_fps, budget))
         indices = candidates[picks.round().astype(int)]
         try:
             raw = self.reader.get_batch(indices.tolist()).asnumpy()
         except Exception as error:
-            raise ValueError(f"frames {indices[0]}-{indices[-1]} of {self.path} could not be decoded "
-                             f"({str(error).splitlines()[0]}); check the file or re-encode it") from None
+            raise Rejected("video_undecodable", f"frames {indices[0]}-{indices[-1]} of {self.path} could not be "
+                           f"decoded ({str(error).splitlines()[0]}); check the file or re-encode it") from None
         height, width = int(raw.shape[1]), int(raw.shape[2])  # known once decoded: no extra decode at open
         frame_plan = plan(len(candidates), window_fps, height, width, budget, patch_size, merge_size,
                           temporal_patch_size)

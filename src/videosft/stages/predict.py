@@ -92,7 +92,7 @@ def predict_video(path: Path, windows: list[dict] | None, model, processor, cfg:
                       ranges=None if local is None else to_source(local, result["start"], result["end"]))
         if local is None:
             rejects.add(result["window_id"], f"answer {text!r} is not in the answer format; the window "
-                        "abstains from the merge", video=name)
+                        "abstains from the merge", code="answer_format", video=name)
     timings["generate"] += time.perf_counter() - started
     ranges = merge_votes(results, cfg.predict.min_agreement)
     fps = float(video.reader.get_avg_fps())
