@@ -43,17 +43,35 @@ def test_bad_config_names_each_key_its_value_and_what_is_allowed_in_a_line(monke
         config_lib.resolve({"train": {"tail": "sometimes"}})  # the schema's own account on request
 
 
-def test_stage_sections_are_all_a_stage_gets():
+def test_stage_sections_are_all_a_stage_gets(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # the default input paths, relative to the working directory, exist here
+    (tmp_path / "data" / "demo" / "videos").mkdir(parents=True)
+    (tmp_path / "data" / "demo" / "annotations.jsonl").write_text("")
     cfg = config_lib.stage_config("window", config_lib.resolve({}))
     assert set(cfg) == {"data", "window"}
     assert config_lib.plain(config_lib.load(json.dumps(cfg), "window")) == cfg
     assert config_lib.plain(config_lib.load(str(PROJECT / "config.yaml"), "window")) == cfg
 
 
+def test_a_stage_run_alone_stops_at_a_config_path_that_does_not_exist(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "annotations.jsonl").write_text("")
+    for key in ("annotations", "root"):  # a typo inside data/demo/, as outside it
+        data = {"annotations": "annotations.jsonl", "root": str(tmp_path), key: f"data/demo/{key}-typo"}
+        with pytest.raises(ValueError, match=f"config data.{key}: data/demo/{key}-typo does not exist .*Point data.{key} at"):
+            config_lib.load(json.dumps({"data": data}), "window")
+    with pytest.raises(ValueError, match="config model.path: data/demo/modell does not exist"):
+        config_lib.load(json.dumps({"model": {"path": "data/demo/modell"}}), "verify")
+    given = {"data": {"annotations": "annotations.jsonl", "root": "."}, "model": {"path": "."}}
+    assert config_lib.load(json.dumps({**given, "predict": {"videos": "val"}}), "predict")  # val names no path
+    with pytest.raises(ValueError, match="config predict.videos: new-videos does not exist"):
+        config_lib.load(json.dumps({**given, "predict": {"videos": "new-videos"}}), "predict")
+
+
 def test_a_view_has_exactly_the_schemas_keys_typed_and_read_only():
     import dataclasses
 
-    cfg = config_lib.load(json.dumps(config_lib.stage_config("probe", config_lib.resolve({}))), "probe")
+    cfg = config_lib.view(config_lib.stage_config("probe", config_lib.resolve({})))
     assert cfg.train.micro_batch_size == 1 and cfg.memory.world_sizes == [1, 2, 4]
     assert set(config_lib.plain(cfg.train)) == set(config_lib.MEMORY_PLAN_KEYS)  # probe reads only these
     with pytest.raises(AttributeError):

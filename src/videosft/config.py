@@ -186,8 +186,29 @@ def for_stage(stage: str, overrides: dict | None = None) -> View:
     return view(stage_config(stage, resolve(overrides)))
 
 
+# The config keys that name an input file or directory, with the values that name none.
+PATH_KEYS = {"data.annotations": (), "data.root": (), "model.path": (), "train.deepspeed_config": (),
+             "predict.videos": ("val",)}
+
+
+def missing_path(key: str, path: str) -> str:
+    """What to say of a config path that does not exist (the workflow says it too, before anything runs)."""
+    return (f"config {key}: {path} does not exist (working directory {Path.cwd()}). "
+            f"Point {key} at an existing path in your config file or with --config.")
+
+
+def check_paths(cfg: View) -> None:
+    """Every input path among the sections a stage reads exists: a stage run alone stops here, naming the key."""
+    for key, exempt in PATH_KEYS.items():
+        section, name = key.split(".")
+        value = getattr(getattr(cfg, section, None), name, None)
+        if value is not None and value not in exempt and not Path(value).exists():
+            raise ConfigError(missing_path(key, value))
+
+
 def load(argument: str, stage: str) -> View:
-    """A stage's ``--config``: inline JSON (from Snakemake) or the path of a YAML file, as its view."""
+    """A stage's ``--config``: inline JSON (from Snakemake) or the path of a YAML file, as its view, its input
+    paths checked."""
     if argument.lstrip().startswith("{"):
         config = json.loads(argument)
     else:
@@ -195,7 +216,9 @@ def load(argument: str, stage: str) -> View:
         if not path.exists():
             raise ConfigError(f"config file {path} not found; give the path of a YAML config file, or inline JSON")
         config = yaml.safe_load(path.read_text()) or {}
-    return for_stage(stage, config)
+    cfg = for_stage(stage, config)
+    check_paths(cfg)
+    return cfg
 
 
 def plain(config: Any) -> Any:

@@ -197,7 +197,9 @@ def exit_after(main, hard: bool = False) -> None:
     except UserError as error:
         if os.environ.get(DEBUG) == "1":
             raise
-        print(f"error: {error}", file=sys.stderr)
+        kept = getattr(error, "kept_record", None)
+        print(f"error: {error}" + (f"\n(the run record, with the traceback: {kept})" if kept else ""),
+              file=sys.stderr)
         code = 1
     gc.freeze()
     if hard:
@@ -234,7 +236,25 @@ def stage_parser(doc: str | None) -> argparse.ArgumentParser:
     parser.add_argument("--after", nargs="*", help="run records of earlier stages of the same run: interpreter and "
                         "core package versions must agree with them")
     parser.add_argument("--job", help="the Snakemake job that runs this stage (recorded)")
+    parser.add_argument("--log", type=Path, help="the stage's log file (Snakemake's log:): a failed stage keeps its "
+                        "run record and rejects beside it, since Snakemake removes a failed job's outputs")
     return parser
+
+
+def existing_path(text: str) -> Path:
+    """An input path argument: one that does not exist is a usage error naming it, not a traceback later."""
+    path = Path(text)
+    if not path.exists():
+        raise argparse.ArgumentTypeError(f"{text} does not exist (working directory {Path.cwd()}); give the path "
+                                         "of the earlier stage's output")
+    return path
+
+
+def kept_path(args: argparse.Namespace | None, name: str) -> Path | None:
+    """Where a stage keeps ``name`` (``run_record.json``, ``rejects.jsonl``) beside its ``--log``
+    (``logs/window/window.log`` -> ``logs/window/window.rejects.jsonl``); None without one."""
+    log = getattr(args, "log", None)
+    return Path(log).with_suffix(f".{name}") if log else None
 
 
 def sha256_file(path: Path) -> str:
@@ -378,12 +398,14 @@ def run_record(stage: str, out_dir: Path, config: Any, args: argparse.Namespace 
     check_environment(record, getattr(args, "after", None))
     record["quieted_warnings"] = quiet_warnings()
     record["results"] = {}
-    path = Path(out_dir) / "run_record.json"
+    path, kept = Path(out_dir) / "run_record.json", kept_path(args, "run_record.json")
     try:
         yield record
     except BaseException as error:
         record.update(status="failed", error=f"{type(error).__name__}: {error}")
         record["traceback"] = traceback.format_exc()
+        if enabled and kept:
+            error.kept_record = kept  # exit_after names it: the record in out_dir goes with the failed outputs
         raise
     else:
         record["status"] = "ok"
@@ -392,6 +414,10 @@ def run_record(stage: str, out_dir: Path, config: Any, args: argparse.Namespace 
         record["devices"] = devices()
         if enabled:
             write_json(path, record)
+            if kept and record["status"] == "failed":
+                write_json(kept, record)
+            elif kept:
+                kept.unlink(missing_ok=True)  # an earlier failure's record would mislead
 
 
 def flatten(value: Any, prefix: str = "") -> dict[str, Any]:

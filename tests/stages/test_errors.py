@@ -15,7 +15,7 @@ from conftest import PROJECT, remember_output, stage_json
 
 def stage(module: str, *args: str, debug: bool = False) -> subprocess.CompletedProcess:
     env = {**os.environ, "VIDEOSFT_DEBUG": "1" if debug else "0"}
-    command = [sys.executable, "-m", f"videosft.{module}", *args]
+    command = [sys.executable, "-m", f"videosft.stages.{module}", *args]
     result = subprocess.run(command, capture_output=True, text=True, env=env, cwd=PROJECT, timeout=300)
     remember_output(command, result.stdout + result.stderr)
     return result
@@ -28,7 +28,8 @@ def assert_user_error(result: subprocess.CompletedProcess, message: str) -> None
 
 def test_a_bad_config_value(tmp_path):
     args = ["--config", json.dumps({"window": {"length": -1}}), "--out", str(tmp_path)]
-    assert_user_error(stage("window", *args), "error: config key window/length: -1 is less than or equal")
+    assert_user_error(stage("window", *args), "error: config key window.length: -1 is not allowed; it must be more "
+                                              "than 0")
     debug = stage("window", *args, debug=True)
     assert debug.returncode == 1 and "Traceback" in debug.stderr and "ConfigError" in debug.stderr
 
@@ -53,3 +54,14 @@ def test_a_checkpoint_that_does_not_fit(demo_dir, tmp_path):
     (model / "model.safetensors.index.json").write_text(json.dumps(index))
     result = stage("probe", "--config", stage_json("probe", {"model": {"path": str(model)}}), "--out", str(tmp_path / "o"))
     assert_user_error(result, "does not fit the model:\n1 parameters unexpected in the checkpoint")
+
+
+def test_a_stage_run_alone_on_a_missing_input_names_it(tmp_path):
+    """As under Snakemake: a missing input is named, no traceback (an argument's, or a config path's)."""
+    missing = stage("train", "--config", json.dumps({}), "--samples", str(tmp_path / "manifest.json"), "--probe",
+                    str(tmp_path / "probe.json"), "--out", str(tmp_path / "train"))
+    assert missing.returncode == 2 and "Traceback" not in missing.stderr
+    assert f"argument --samples: {tmp_path / 'manifest.json'} does not exist" in missing.stderr
+    config = {"data": {"annotations": str(tmp_path / "annotation.jsonl"), "root": str(tmp_path)}}
+    assert_user_error(stage("window", "--config", json.dumps(config), "--out", str(tmp_path / "window")),
+                      f"error: config data.annotations: {tmp_path / 'annotation.jsonl'} does not exist")

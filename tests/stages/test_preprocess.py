@@ -171,3 +171,22 @@ def test_pixel_compression_is_the_configured_codec_and_round_trips(samples, tmp_
     assert row_group.column(column).compression == codec.upper().replace("NONE", "UNCOMPRESSED")
     back = pq.read_table(path).to_pylist()
     assert [r["frames"] for r in back] == [r["frames"] for r in samples[:3] if r["split"] == samples[0]["split"]]
+
+
+def test_a_shard_log_has_progress_and_no_warning_per_window(prepared, demo_config, tmp_path):
+    """A template without enable_thinking (the demo's) is not handed the keyword (transformers then warned
+    about it on every window), so the log holds the stage's lines, not one warning per sample."""
+    import subprocess
+    import sys
+    from collections import Counter
+
+    result = subprocess.run([sys.executable, "-m", "videosft.stages.preprocess", "--config",
+                             stage_json("preprocess", demo_config), "--windows",
+                             str(prepared / "window" / "windows.parquet"), "--shard", "0", "--shards", "1",
+                             "--out", str(tmp_path / "shard")], capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = (result.stdout + result.stderr).splitlines()
+    assert not [line for line in lines if "processor_kwargs" in line]
+    repeated = {line: n for line, n in Counter(lines).items() if n > 1 and "warn" in line.lower()}
+    assert not repeated, repeated
+    assert any(line.startswith("preprocess shard 0/1: 12 samples") for line in lines), lines[-5:]

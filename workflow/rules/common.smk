@@ -8,7 +8,7 @@ from snakemake.exceptions import WorkflowError
 
 SRC = Path(workflow.basedir) / "src"
 sys.path.insert(0, str(SRC))
-from videosft.config import resolve, stage_config
+from videosft.config import missing_path, resolve, stage_config
 from videosft.errors import ConfigError, failed_jobs, stage_message
 from videosft.provenance import path_fingerprint, stage_sources
 
@@ -57,8 +57,7 @@ def config_path(key):
     section, name = key.split(".")
     path = config[section][name]
     if not Path(path).exists() and not made_by_demo(path):
-        raise WorkflowError(f"config {key}: {path} does not exist (working directory {Path.cwd()}). "
-                            f"Point {key} at an existing path in your config file or with --config.")
+        raise WorkflowError(missing_path(key, path))
     return path
 
 
@@ -101,6 +100,12 @@ def predict_inputs(wildcards):
     if config["predict"]["videos"] == "val":
         inputs["windows"] = rules.window.output.windows
     return inputs
+
+
+def new_videos():
+    """predict.videos when it names new videos (a folder or a file): checked like every config path, so a
+    typo stops the run before anything runs, training included; nothing for the val split."""
+    return [] if config["predict"]["videos"] == "val" else config_path("predict.videos")
 
 
 def predict_options(wildcards, input):

@@ -5,6 +5,7 @@ rule predict:
     the default run predicts too and the report shows that evaluation (rule report)."""
     input:
         unpack(predict_inputs),
+        videos=new_videos(),
         model=config_path("model.path"),
         code=sources("predict"),
     output:
@@ -23,7 +24,7 @@ rule predict:
     benchmark:
         "benchmarks/predict/predict.tsv"
     shell:
-        "python -m videosft.stages.predict --config {params.cfg:q} --code {input.code} --job {params.job} {params.options} "
+        "python -m videosft.stages.predict --config {params.cfg:q} --code {input.code} --job {params.job} --log {log} {params.options} "
         "--out {params.out} > {log} 2>&1"
 
 
@@ -50,5 +51,5 @@ rule export:
     benchmark:
         "benchmarks/export/export.tsv"
     shell:
-        "python -m videosft.stages.export --config {params.cfg:q} --code {input.code} --job {params.job} --after {input.after} "
+        "python -m videosft.stages.export --config {params.cfg:q} --code {input.code} --job {params.job} --log {log} --after {input.after} "
         "--adapter {input.adapter} --out {params.out} > {log} 2>&1"

@@ -23,21 +23,35 @@ class Rejects:
     """Collects bad items so that one bad sample never loses the others.
 
     Each item lands in ``path`` as ``{"where": ..., "code": ..., "reason": ..., "error": ..., **extra}``,
-    appended as it is rejected, so the file is complete even if the stage dies later.
+    appended as it is rejected, so the file is complete even if the stage dies later. ``kept``: a copy
+    beside the stage's log (:func:`videosft.provenance.kept_path`), which outlives a failed job's outputs
+    (Snakemake removes them): the messages point there.
     """
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, kept: Path | None = None):
         self.path = Path(path)
+        self.kept = Path(kept) if kept else None
         self.items: list[dict] = []
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.path.write_text("")
+        for file in self.files:
+            file.parent.mkdir(parents=True, exist_ok=True)
+            file.write_text("")
+
+    @property
+    def files(self) -> list[Path]:
+        return [self.path] + ([self.kept] if self.kept else [])
+
+    @property
+    def shown(self) -> Path:
+        """The file the messages name: the one that is still there after a failure."""
+        return self.kept or self.path
 
     @classmethod
-    def merged(cls, path: Path, sources: list[Path]) -> "Rejects":
-        """One list from several stages' (or shards') rejects files, written to ``path``."""
-        rejects = cls(path)
+    def merged(cls, path: Path, sources: list[Path], kept: Path | None = None) -> "Rejects":
+        """One list from several stages' (or shards') rejects files, written to ``path`` (and ``kept``)."""
+        rejects = cls(path, kept)
         rejects.items = [item for source in sources for item in read_rejects(source)]
-        rejects.path.write_text("".join(json.dumps(item, default=str) + "\n" for item in rejects.items))
+        for file in rejects.files:
+            file.write_text("".join(json.dumps(item, default=str) + "\n" for item in rejects.items))
         return rejects
 
     def add(self, where: str, error: BaseException | str, code: str | None = None, **extra) -> None:
@@ -51,8 +65,9 @@ class Rejects:
         code = code or "unexpected"
         item = {"where": where, "code": code, "reason": REASONS[code], "error": str(error), **extra}
         self.items.append(item)
-        with open(self.path, "a") as handle:
-            handle.write(json.dumps(item, default=str) + "\n")
+        for file in self.files:
+            with open(file, "a") as handle:
+                handle.write(json.dumps(item, default=str) + "\n")
         print(f"rejected {where} ({REASONS[code]}): {error}", flush=True)
 
     def __len__(self) -> int:
@@ -69,7 +84,7 @@ class Rejects:
             more = f"\n  ... and {len(self.items) - 20} more" if len(self.items) > 20 else ""
             raise TooManyRejects(
                 f"{len(self.items)} of {total} {what} rejected (limit data.max_reject_fraction="
-                f"{max_fraction}); see {self.path}:\n{listing}{more}\n"
+                f"{max_fraction}); see {self.shown}:\n{listing}{more}\n"
                 "Fix or remove these items, or raise data.max_reject_fraction to go on without them."
             )
 

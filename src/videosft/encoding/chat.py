@@ -90,6 +90,13 @@ def messages(prompt_cfg: View, query: str | None, answer: str | None = None) -> 
 # without thinking ignore the argument. The turn tokens and the block are every family's (CHATML):
 # the labels are made from the tokenizer alone.
 TEMPLATE_KWARGS = {"enable_thinking": False}
+
+
+def template_kwargs(processor) -> dict:
+    """:data:`TEMPLATE_KWARGS` the processor's chat template reads: transformers hands any other keyword to the
+    processor's call instead, and warns about it on every sample."""
+    template = processor.chat_template if isinstance(processor.chat_template, str) else str(processor.chat_template)
+    return {key: value for key, value in TEMPLATE_KWARGS.items() if key in template}
 EMPTY_THINK = CHATML.empty_think
 THINK_BLOCK_PLACES = ("prompt", "answer")
 

@@ -21,7 +21,7 @@ import time
 from ..config import View
 from ..errors import Rejected
 from .budget import Budget
-from .chat import TEMPLATE_KWARGS, assistant_labels, messages, prompt_timestamps, render_answer
+from .chat import assistant_labels, messages, prompt_timestamps, render_answer, template_kwargs
 from .layout import VideoTokens, check_layout, layout_name, template_text
 from ..media.pixels import stored_frames
 from ..media.video import Clip, VideoFile
@@ -95,7 +95,7 @@ def encode_window(window: dict, video: VideoFile, processor, cfg: View, budget: 
     answer = render_answer(window["keep_local"])
     layout = layout_name(cfg.prompt.video_layout, tells_time_by_grid(processor))
     text = processor.apply_chat_template(messages(cfg.prompt, window["query"], answer), tokenize=False,
-                                         **TEMPLATE_KWARGS)
+                                         **template_kwargs(processor))
     encoded = encode(processor, clip, template_text(text, layout))
     input_ids = encoded["input_ids"][0].tolist()
     grid = tuple(int(v) for v in encoded["video_grid_thw"][0])

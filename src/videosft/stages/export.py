@@ -17,7 +17,7 @@ from pathlib import Path
 from .. import config as config_lib
 from ..config import View
 from ..models.checkpoint import companion_files, model_class
-from ..provenance import exit_after, run_record, stage_parser, write_json
+from ..provenance import existing_path, exit_after, run_record, stage_parser, write_json
 
 
 def export(cfg: View, adapter: Path, out: Path) -> dict:
@@ -44,7 +44,7 @@ def export(cfg: View, adapter: Path, out: Path) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     parser = stage_parser(__doc__)
-    parser.add_argument("--adapter", type=Path, required=True, help="adapter directory from the train stage")
+    parser.add_argument("--adapter", type=existing_path, required=True, help="adapter directory from the train stage")
     args = parser.parse_args(argv)
     cfg = config_lib.load(args.config, "export")
     with run_record("export", args.out, cfg, args) as record:

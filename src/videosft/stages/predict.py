@@ -38,7 +38,7 @@ from ..kernels import autotune
 from ..media.timeline import window_bounds
 from ..media.video import VideoFile
 from ..models.loading import load_model
-from ..provenance import exit_after, run_record, stage_parser, write_json
+from ..provenance import existing_path, exit_after, kept_path, run_record, stage_parser, write_json
 
 VIDEO_SUFFIXES = {".mp4", ".mov", ".mkv", ".avi", ".webm", ".m4v"}
 
@@ -118,12 +118,14 @@ def write_outputs(result: dict, out: Path, render: bool) -> dict[str, str]:
     return files
 
 
-def predict(cfg: View, adapter: Path | None, windows_path: Path | None, out: Path, record: dict) -> None:
+def predict(cfg: View, adapter: Path | None, windows_path: Path | None, out: Path, record: dict,
+            kept_rejects: Path | None = None) -> None:
     from transformers import AutoProcessor
 
-    videos = videos_to_predict(cfg, windows_path)
-    for stale in [*out.glob("[0-9][0-9][0-9][0-9]-*"), out / "evaluation.json"]:  # an earlier run's cut lists
+    # first of all, so that a run that fails never leaves an earlier run's cut lists looking like its own
+    for stale in [*out.glob("[0-9][0-9][0-9][0-9]-*"), out / "evaluation.json"]:
         shutil.rmtree(stale) if stale.is_dir() else stale.unlink(missing_ok=True)
+    videos = videos_to_predict(cfg, windows_path)
     processor = AutoProcessor.from_pretrained(cfg.model.path)
     started = time.perf_counter()
     model = load_model(Path(cfg.model.path), adapter, merge=True)
@@ -131,7 +133,7 @@ def predict(cfg: View, adapter: Path | None, windows_path: Path | None, out: Pat
     # kernels fla runs (8.6 s for one norm's key on an H200, bench/RESULTS.md)
     autotuned = autotune.apply(model.device)
     timings = {"load_model": time.perf_counter() - started, "open": 0.0, "decode": 0.0, "preprocess": 0.0, "generate": 0.0}
-    rejects = Rejects(out / "rejects.jsonl")
+    rejects = Rejects(out / "rejects.jsonl", kept_rejects)
     outputs, results = {}, []
     for index, ((path, _query), windows) in enumerate(videos.items()):
         result = predict_video(Path(path), windows, model, processor, cfg, rejects, timings)
@@ -156,19 +158,19 @@ def predict(cfg: View, adapter: Path | None, windows_path: Path | None, out: Pat
     write_json(out / "summary.json", record["results"])
     if not results:
         raise ConfigError(f"no video of predict.videos ({cfg.predict.videos}) could be read; see "
-                          f"{rejects.path}")
+                          f"{rejects.shown}")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = stage_parser(__doc__)
-    parser.add_argument("--adapter", type=Path, help="adapter directory from the train stage; without it "
+    parser.add_argument("--adapter", type=existing_path, help="adapter directory from the train stage; without it "
                         "model.path is used as it is (a merged checkpoint from the export stage)")
-    parser.add_argument("--windows", type=Path, help="windows.parquet of the window stage (predict.videos: val)")
+    parser.add_argument("--windows", type=existing_path, help="windows.parquet of the window stage (predict.videos: val)")
     args = parser.parse_args(argv)
     cfg = config_lib.load(args.config, "predict")
     args.out.mkdir(parents=True, exist_ok=True)
     with run_record("predict", args.out, cfg, args) as record:
-        predict(cfg, args.adapter, args.windows, args.out, record)
+        predict(cfg, args.adapter, args.windows, args.out, record, kept_path(args, "rejects.jsonl"))
     return 0
 
 

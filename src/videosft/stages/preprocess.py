@@ -35,7 +35,7 @@ from ..errors import InputError
 from ..media.timeline import resolve_video
 from ..media.video import VideoFile
 from ..progress import ProgressLine
-from ..provenance import exit_after, run_record, stage_parser, write_json
+from ..provenance import existing_path, exit_after, kept_path, run_record, stage_parser, write_json
 
 
 def summarize(values: list[float]) -> dict:
@@ -45,7 +45,8 @@ def summarize(values: list[float]) -> dict:
     return {"min": float(array.min()), "mean": float(array.mean()), "max": float(array.max())}
 
 
-def run_shard(windows_path: Path, out_dir: Path, cfg: View, shard: int, shards: int, record: dict) -> None:
+def run_shard(windows_path: Path, out_dir: Path, cfg: View, shard: int, shards: int, record: dict,
+              kept_rejects: Path | None = None) -> None:
     """Preprocess the windows of the videos that hash to ``shard`` (of ``shards``)."""
     from transformers import AutoProcessor
 
@@ -54,7 +55,7 @@ def run_shard(windows_path: Path, out_dir: Path, cfg: View, shard: int, shards: 
     geometry = processor_geometry(processor)
     budget = resolve_budget(cfg.video)
     out_dir.mkdir(parents=True, exist_ok=True)
-    rejects = Rejects(out_dir / "rejects.jsonl")
+    rejects = Rejects(out_dir / "rejects.jsonl", kept_rejects)
     metadata = shard_metadata(cfg, budget.as_dict(), geometry,
                               layout_name(cfg.prompt.video_layout, tells_time_by_grid(processor)))
     writer = ShardWriter(out_dir, metadata, int(cfg.preprocess.shard_mb * 2**20),
@@ -100,11 +101,12 @@ def run_shard(windows_path: Path, out_dir: Path, cfg: View, shard: int, shards: 
 FACTS = ("visual_tokens", "text_tokens", "input_tokens", "supervised_tokens", "decode_seconds", "budget_max_tokens")
 
 
-def gather(shard_dirs: list[Path], out_dir: Path, cfg: View, record: dict) -> None:
+def gather(shard_dirs: list[Path], out_dir: Path, cfg: View, record: dict, kept_rejects: Path | None = None) -> None:
     """Join the shards: one manifest of sample files per split, the rejects, the summary, the checks."""
     out_dir.mkdir(parents=True, exist_ok=True)
     shards = gather_shards(shard_dirs, out_dir)
-    rejects = Rejects.merged(out_dir / "rejects.jsonl", [directory / "rejects.jsonl" for directory in shard_dirs])
+    rejects = Rejects.merged(out_dir / "rejects.jsonl", [directory / "rejects.jsonl" for directory in shard_dirs],
+                             kept_rejects)
     windows, counts, budget = shards.windows, shards.samples, shards.budget
     record["results"] = {
         "windows": windows, "samples": counts, "rejects": len(rejects),
@@ -130,10 +132,10 @@ def gather(shard_dirs: list[Path], out_dir: Path, cfg: View, record: dict) -> No
 
 def main(argv: list[str] | None = None) -> int:
     parser = stage_parser(__doc__)
-    parser.add_argument("--windows", type=Path, help="windows.parquet from the window stage (shard mode)")
+    parser.add_argument("--windows", type=existing_path, help="windows.parquet from the window stage (shard mode)")
     parser.add_argument("--shard", type=int, default=0, help="which shard to preprocess (0-based)")
     parser.add_argument("--shards", type=int, default=1, help="how many shards the windows are split into")
-    parser.add_argument("--gather", type=Path, nargs="+", help="shard directories to join into a manifest")
+    parser.add_argument("--gather", type=existing_path, nargs="+", help="shard directories to join into a manifest")
     args = parser.parse_args(argv)
     if (args.windows is None) == (args.gather is None):
         parser.error("give either --windows (preprocess a shard) or --gather (join shards)")
@@ -142,9 +144,9 @@ def main(argv: list[str] | None = None) -> int:
     cfg = config_lib.load(args.config, "preprocess")
     with run_record("preprocess", args.out, cfg, args) as record:
         if args.gather:
-            gather(args.gather, args.out, cfg, record)
+            gather(args.gather, args.out, cfg, record, kept_path(args, "rejects.jsonl"))
         else:
-            run_shard(args.windows, args.out, cfg, args.shard, args.shards, record)
+            run_shard(args.windows, args.out, cfg, args.shard, args.shards, record, kept_path(args, "rejects.jsonl"))
     return 0
 
 

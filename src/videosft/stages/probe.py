@@ -23,7 +23,7 @@ from ..data.probe_result import recorded, write_probe
 from ..models.checkpoint import CheckpointError, build_meta_model, config_dtype, extras_summary, map_checkpoint, \
     read_checkpoint, tokenizer_agreement
 from ..models.lora import coverage
-from ..provenance import exit_after, run_record, stage_parser
+from ..provenance import existing_path, exit_after, run_record, stage_parser
 from ..training.memory import PlanOptions, longest_sample, micro_batch_words, model_facts, probe_plan
 
 
@@ -115,7 +115,7 @@ def print_summary(result: dict) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = stage_parser(__doc__)
-    parser.add_argument("--samples", type=Path, help="manifest.json of the preprocess stage: the memory plan "
+    parser.add_argument("--samples", type=existing_path, help="manifest.json of the preprocess stage: the memory plan "
                         "is made for its longest sample (no plan without it)")
     args = parser.parse_args(argv)
     cfg = config_lib.load(args.config, "probe")

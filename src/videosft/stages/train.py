@@ -33,7 +33,7 @@ from ..kernels import autotune, selection
 from ..media.pixels import load_video_processor
 from ..models.checkpoint import build_meta_model, load_checkpoint, pad_token_id
 from ..progress import ProgressLine
-from ..provenance import exit_after, run_record, stage_parser
+from ..provenance import existing_path, exit_after, run_record, stage_parser
 from ..training import setup
 from ..training.batches import BatchesAhead, host_positions
 from ..training.memory import PlanOptions, kernel_set, memory_comparison, planned_batches
@@ -267,8 +267,8 @@ def finish(run: Run, built: Built, progress: Progress, resumed_from_step: int | 
 
 def main(argv: list[str] | None = None) -> int:
     parser = stage_parser(__doc__)
-    parser.add_argument("--samples", type=Path, required=True, help="manifest.json from the preprocess stage")
-    parser.add_argument("--probe", type=Path, required=True, help="probe.json from the probe stage")
+    parser.add_argument("--samples", type=existing_path, required=True, help="manifest.json from the preprocess stage")
+    parser.add_argument("--probe", type=existing_path, required=True, help="probe.json from the probe stage")
     parser.add_argument("--resume", action="store_true", help="continue from the last checkpoint in OUT/checkpoints "
                         "(also set by train.resume)")
     args = parser.parse_args(argv)

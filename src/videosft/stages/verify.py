@@ -31,7 +31,7 @@ from ..evaluation.answers import evaluate
 from ..evaluation.answers import table as evaluation_table
 from ..media.pixels import load_video_processor
 from ..models.loading import load_model
-from ..provenance import exit_after, run_record, stage_parser
+from ..provenance import existing_path, exit_after, run_record, stage_parser
 from ..training.profiling import gpu_peak_gib
 
 
@@ -67,8 +67,8 @@ def verify(cfg: View, adapter_dir: Path, samples_path: Path) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     parser = stage_parser(__doc__)
-    parser.add_argument("--adapter", type=Path, required=True, help="adapter directory from the train stage")
-    parser.add_argument("--samples", type=Path, required=True, help="manifest.json from the preprocess stage")
+    parser.add_argument("--adapter", type=existing_path, required=True, help="adapter directory from the train stage")
+    parser.add_argument("--samples", type=existing_path, required=True, help="manifest.json from the preprocess stage")
     args = parser.parse_args(argv)
     cfg = config_lib.load(args.config, "verify")
     with run_record("verify", args.out, cfg, args) as record:

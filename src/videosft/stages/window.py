@@ -20,7 +20,7 @@ from ..data.annotations import read_annotations
 from ..data.rejects import Rejects
 from ..data.windows import assign_splits, limit_empty_windows, window_id, window_row, write_windows
 from ..media.timeline import merge_ranges, realign, window_bounds
-from ..provenance import exit_after, run_record, stage_parser, write_json
+from ..provenance import exit_after, kept_path, run_record, stage_parser, write_json
 
 
 def cut_windows(annotations: list[tuple[dict, float]], window_cfg: View, counts: Counter) -> list[dict]:
@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     cfg = config_lib.load(args.config, "window")
     with run_record("window", args.out, cfg, args) as record:
-        rejects = Rejects(args.out / "rejects.jsonl")
+        rejects = Rejects(args.out / "rejects.jsonl", kept_path(args, "rejects.jsonl"))
         counts: Counter = Counter()
         annotations = read_annotations(Path(cfg.data.annotations), Path(cfg.data.root), cfg.data, rejects)
         rows = split_by_video(cut_windows(annotations, cfg.window, counts), cfg.window, counts)
