@@ -73,11 +73,11 @@ def test_every_stage_writes_its_outputs_and_a_run_record(full_run):
         assert Path(record["interpreter"]).exists()
         for package in ("torch", "transformers", "peft", "deepspeed", "snakemake", "decord", "pandas", "pyarrow"):
             assert record["packages"][package], f"{stage}: no version recorded for {package}"
-        assert f"{stage}.py" in record["sources"]
+        assert f"stages/{stage}.py" in record["sources"]
         for name, digest in record["sources"].items():
             path = full_run / "src" / "videosft" / name
             assert hashlib.sha256(path.read_bytes()).hexdigest() == digest, f"{stage}: hash of {name}"
-        assert record["module_file"] == str(full_run / "src" / "videosft" / f"{stage}.py")
+        assert record["module_file"] == str(full_run / "src" / "videosft" / "stages" / f"{stage}.py")
         assert record["config_sha256"] and record["started"] <= record["ended"]
     assert (full_run / "results/window/windows.parquet").exists()
     manifest = json.loads((full_run / "results/preprocess/manifest.json").read_text())
@@ -115,7 +115,7 @@ def test_nothing_to_do_after_a_full_run(full_run):
 
 
 def test_changing_one_stage_plans_it_and_what_follows(full_run):
-    train_py = full_run / "src" / "videosft" / "train.py"
+    train_py = full_run / "src" / "videosft" / "stages" / "train.py"
     original = train_py.read_text()
     train_py.write_text(original + "\n# a change\n")
     try:
