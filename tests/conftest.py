@@ -40,11 +40,25 @@ LONGEST_FIRST = ["workflow/test_learning.py", "workflow/test_slurm.py", "stages/
                  "workflow/test_workflow.py", "models/test_families.py"]
 
 
-def pytest_collection_modifyitems(config, items):
-    def rank(item) -> int:
-        relative = item.path.relative_to(Path(__file__).parent).as_posix()
-        return LONGEST_FIRST.index(relative) if relative in LONGEST_FIRST else len(LONGEST_FIRST)
+# Slow cases of parametrized tests whose other cases are fast (a marker line on the test would take
+# them all), by node id under tests/. The rest of the slow tests say so in their files.
+SLOW_CASES = {
+    # builds the published Qwen3.5 checkpoint with its real tokenizer (248k tokens): about 8 s
+    "encoding/test_layout.py::test_preprocess_writes_the_layout_token_for_token[published_qwen3_5-blocks]",
+}
 
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects by marker
+def pytest_collection_modifyitems(config, items):
+    def relative(item) -> str:
+        return item.path.relative_to(Path(__file__).parent).as_posix()
+
+    def rank(item) -> int:
+        return LONGEST_FIRST.index(relative(item)) if relative(item) in LONGEST_FIRST else len(LONGEST_FIRST)
+
+    for item in items:
+        if f"{relative(item)}::{item.name}" in SLOW_CASES:
+            item.add_marker(pytest.mark.slow)
     items.sort(key=rank)  # stable: collection order within a file and among the others
 
 

@@ -19,6 +19,8 @@ from videosft.media.pixels import load_video_processor
 from videosft.data.sample_store import read_samples
 from vllm_lora_keys import unloadable
 
+pytestmark = pytest.mark.slow  # every family trains on 2 ranks
+
 
 def run_stages(model_dir: Path, demo_config: dict, out: Path) -> dict:
     cfg = {**demo_config, "model": {"path": str(model_dir)}, "train": {**demo_config["train"], "steps": 2},

@@ -141,6 +141,7 @@ def test_launcher_refuses_an_incomplete_allocation(fake_python, env, nproc, mess
     assert result.returncode == 2 and message in result.stderr, result.stderr
 
 
+@pytest.mark.slow  # two torchrun agents and their ranks
 def test_two_torchrun_agents_meet_through_the_launcher(tmp_path):
     """Two 'nodes' on this machine: one agent each, as `srun --ntasks-per-node=1` would start them
     (only the environment is Slurm's; the rendezvous, the agents and the all-reduce are real)."""
@@ -206,6 +207,7 @@ def wait_for_jobs(cluster, job_ids, timeout: float = 60) -> dict[str, dict]:
         time.sleep(1)
 
 
+@pytest.mark.slow  # a Slurm cluster
 def test_launcher_inside_a_real_allocation(cluster, tmp_path):
     """srun starts the launcher in a real job: Slurm's own variables, scontrol for the head node."""
     program = tmp_path / "allreduce.py"
@@ -244,6 +246,7 @@ def test_profile_is_complete():
     assert profile["set-threads"]["train"] == train["gpu"] * train["cpus_per_gpu"]
 
 
+@pytest.mark.slow  # a dry run of the workflow: about 5 s
 def test_profile_keys_are_options_snakemake_knows(tmp_path):
     workdir = copy_checkout(tmp_path)
     result = subprocess.run([sys.executable, "-m", "snakemake", "-n", "--workflow-profile", "workflow/profiles/slurm"],

@@ -18,6 +18,8 @@ import yaml
 
 from conftest import copy_checkout, snakemake
 
+pytestmark = pytest.mark.slow  # the whole pipeline, twice, and reruns of it
+
 PROJECT = Path(__file__).resolve().parents[2]
 STAGES = {
     "demo": "data/demo",
