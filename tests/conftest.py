@@ -235,6 +235,14 @@ def snakemake(workdir: Path, *args: str, timeout: int = 900) -> subprocess.Compl
     return result
 
 
+def planned_jobs(output: str) -> dict[str, int]:
+    """Rule -> count from the 'Job stats' table of a dry run."""
+    if "Nothing to be done" in output:
+        return {}
+    table = output.split("Job stats:", 1)[1].split("total", 1)[0]
+    return {m.group(1): int(m.group(2)) for m in re.finditer(r"^(\w+)\s+(\d+)\s*$", table, re.M)}
+
+
 def failed_job_logs(workdir: Path, output: str) -> list[Path]:
     """The logs Snakemake names in its 'Error in rule' blocks."""
     logs = []
