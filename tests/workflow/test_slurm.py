@@ -279,10 +279,11 @@ def snakemake_on_slurm(cluster, workdir: Path, *args: str) -> subprocess.Complet
     much: snakemake-executor-plugin-slurm 2.8.0 sets the next wait itself after every sacct check,
     to --slurm-init-seconds-before-status-checks once a job has ended, and 10 s longer (hard-coded,
     up to 180 s) after a check that found none ended. So a job is seen 2, 14, 36 or 68 s after the
-    one before it, and the 10-20 s jobs here wait 4-19 s each for it. --seconds-between-status-checks
-    is not read once the plugin has set its own wait, and --max-status-checks-per-second only spaces
-    the sacct calls within one check. Another start value (at least 1) only moves the checks
-    against the jobs' lengths, which vary with the machine's load."""
+    one before it: a 12 s job at 14 s, a 15 s one at 36 s (on two idle cores the pipeline took 117 s,
+    beside other tests 320 s). --seconds-between-status-checks is not read once the plugin has set
+    its own wait, and --max-status-checks-per-second only spaces the sacct calls within one check.
+    Another start value (at least 1) only moves the checks against the jobs' lengths, which follow
+    the machine's load: for the lengths measured here, no start value waits less at every load."""
     profile = cluster_profile(cluster, workdir)
     env = {**os.environ, "PYTHONPATH": str(workdir / "src"), "OMP_NUM_THREADS": "1"}
     return run_bounded([sys.executable, "-m", "snakemake", "--workflow-profile", str(profile),
