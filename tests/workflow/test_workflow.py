@@ -95,6 +95,22 @@ def wait_for_descendants(process: subprocess.Popen, timeout: float) -> None:
         time.sleep(0.1)
 
 
+def ranks_below(process: subprocess.Popen) -> list[psutil.Process]:
+    """The ranks among the processes below ``process``: torchrun gives them a run id of its own."""
+    ranks = []
+    try:
+        below = psutil.Process(process.pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return ranks
+    for child in below:
+        try:
+            if child.environ().get("TORCHELASTIC_RUN_ID") not in (None, os.environ.get("TORCHELASTIC_RUN_ID")):
+                ranks.append(child)
+        except psutil.Error:  # ended, or a zombie
+            pass
+    return ranks
+
+
 def shard_0_of(snakemake_process: subprocess.Popen) -> psutil.Process | None:
     """The preprocess stage of shard 0 among the processes below ``snakemake_process``, once started."""
     try:
@@ -334,16 +350,18 @@ def test_an_interrupted_stage_is_found_and_rerun_with_rerun_incomplete(full_run,
                                cwd=full_run, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                start_new_session=True)
     try:
+        # Snakemake stopped once torchrun has started the ranks (long after it marked train's outputs
+        # incomplete, long before they can be complete), so that it records nothing more; its job (the
+        # shell, torchrun and the ranks, in sessions of their own) trains to the end and is waited for.
         deadline = time.time() + 120
-        while time.time() < deadline and not (log.exists() and "step 0" in log.read_text()):
-            time.sleep(0.2)
-        assert log.exists() and "step 0" in log.read_text(), "train never reached step 0"
-        # Snakemake stopped, so that it records nothing more; its job (the shell, torchrun and the ranks,
-        # which torchrun starts in sessions of their own) ends by itself, and is waited for.
+        while time.time() < deadline and process.poll() is None and len(ranks_below(process)) < 2:
+            time.sleep(0.1)
+        assert len(ranks_below(process)) == 2, "torchrun never started the ranks"
         psutil.Process(process.pid).suspend()
         wait_for_descendants(process, timeout=300)
     finally:
         kill_tree(process)  # Snakemake, and anything of its job still running after a failure above
+    assert "step 0" in log.read_text(), "the train job never trained"
     assert_untouched(bystanders)
     result = snakemake(full_run, "-n")
     assert "incomplete" in (result.stdout + result.stderr).lower()
