@@ -246,7 +246,7 @@ def test_profile_is_complete():
     assert profile["set-threads"]["train"] == train["gpu"] * train["cpus_per_gpu"]
 
 
-@pytest.mark.slow  # a dry run of the workflow: about 5 s
+@pytest.mark.slow  # a dry run of the whole workflow: 1.5 s on idle cores, 5.5 s beside other tests
 def test_profile_keys_are_options_snakemake_knows(tmp_path):
     workdir = copy_checkout(tmp_path)
     result = subprocess.run([sys.executable, "-m", "snakemake", "-n", "--workflow-profile", "workflow/profiles/slurm"],
