@@ -48,11 +48,25 @@ LONGEST_FIRST = ["workflow/test_learning.py", "workflow/test_slurm.py", "stages/
                  "workflow/test_workflow.py", "models/test_families.py"]
 
 
-def pytest_collection_modifyitems(config, items):
-    def rank(item) -> int:
-        relative = item.path.relative_to(Path(__file__).parent).as_posix()
-        return LONGEST_FIRST.index(relative) if relative in LONGEST_FIRST else len(LONGEST_FIRST)
+# Slow cases of parametrized tests whose other cases are fast (a marker line on the test would take
+# them all), by node id under tests/. The rest of the slow tests say so in their files.
+SLOW_CASES = {
+    # builds the published Qwen3.5 checkpoint with its real tokenizer (248k tokens): about 8 s
+    "encoding/test_layout.py::test_preprocess_writes_the_layout_token_for_token[published_qwen3_5-blocks]",
+}
 
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects by marker
+def pytest_collection_modifyitems(config, items):
+    def relative(item) -> str:
+        return item.path.relative_to(Path(__file__).parent).as_posix()
+
+    def rank(item) -> int:
+        return LONGEST_FIRST.index(relative(item)) if relative(item) in LONGEST_FIRST else len(LONGEST_FIRST)
+
+    for item in items:
+        if f"{relative(item)}::{item.name}" in SLOW_CASES:
+            item.add_marker(pytest.mark.slow)
     items.sort(key=rank)  # stable: collection order within a file and among the others
 
 
@@ -195,6 +209,14 @@ def snakemake(workdir: Path, *args: str, timeout: int = 900) -> subprocess.Compl
     for log in failed_job_logs(workdir, result.stdout + result.stderr):
         remember_output([f"log of a failed job, {log}"], log.read_text(errors="replace"))
     return result
+
+
+def planned_jobs(output: str) -> dict[str, int]:
+    """Rule -> count from the 'Job stats' table of a dry run."""
+    if "Nothing to be done" in output:
+        return {}
+    table = output.split("Job stats:", 1)[1].split("total", 1)[0]
+    return {m.group(1): int(m.group(2)) for m in re.finditer(r"^(\w+)\s+(\d+)\s*$", table, re.M)}
 
 
 def failed_job_logs(workdir: Path, output: str) -> list[Path]:

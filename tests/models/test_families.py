@@ -26,6 +26,7 @@ from videosft.training.batches import collate
 from vllm_lora_keys import unloadable
 
 STAGES = ("window", "preprocess", "probe", "train", "verify", "predict", "export")
+pytestmark = pytest.mark.slow  # every family trains on 2 ranks
 
 
 def run_stages(model_dir: Path, demo_config: dict, out: Path) -> dict:

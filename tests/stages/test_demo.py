@@ -53,6 +53,7 @@ def test_the_ball_is_in_exactly_the_listed_pairs(processor):
     assert [bool(v > 1.0) for v in red] == [m in listed for m in markers]
 
 
+@pytest.mark.slow  # a demo stage with pretraining: about 20 s
 def test_a_pretraining_that_did_not_take_fails_the_demo_stage(processor, demo_dir):
     model = AutoModelForImageTextToText.from_pretrained(demo_dir / "model", dtype=torch.float32)
     cfg = demo_cfg(steps=2, clips=10, held_out=4, min_exact_match=1.0)

@@ -5,8 +5,12 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from conftest import run_torchrun, stage_json
 from videosft.stages import verify
+
+pytestmark = pytest.mark.slow  # trains on 4 ranks
 
 
 def test_four_ranks_each_read_their_own_window_and_the_adapter_reloads(prepared, demo_config, tmp_path):

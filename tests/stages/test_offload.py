@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 from safetensors.torch import load_file
 from torch.autograd.graph import saved_tensors_hooks
 
 from conftest import PROJECT, run_torchrun, stage_json
 from videosft.training.setup import enable_checkpointing
+
+pytestmark = pytest.mark.slow  # trains on 2 ranks
 
 
 def loss_and_saved_states(model_dir, offload: bool):

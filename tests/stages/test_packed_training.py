@@ -15,6 +15,8 @@ from videosft.errors import ConfigError
 from videosft.data.sample_store import read_samples
 from videosft.training.setup import check_packing
 
+pytestmark = pytest.mark.slow  # trains on 2 ranks
+
 
 def test_packed_training_reads_every_sample_and_a_killed_run_resumes_exactly(prepared, demo_config, tmp_path):
     """Two ranks run the same number of packs under the budget, the ledgers cover the split; the

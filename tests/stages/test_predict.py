@@ -104,6 +104,7 @@ def predicted(prepared, demo_config, adapter, tmp_path_factory) -> Path:
     return out
 
 
+@pytest.mark.slow  # the predicted fixture: about 10 s
 def test_every_val_video_gets_ranges_and_timelines_an_editor_opens(predicted, prepared):
     summary = json.loads((predicted / "summary.json").read_text())
     val_videos = {row["video"] for row in read_windows(prepared / "window" / "windows.parquet", "val")}
@@ -134,6 +135,7 @@ def test_every_val_video_gets_ranges_and_timelines_an_editor_opens(predicted, pr
     assert {"R1@0.5", "mIoU", "keep_precision", "keep_recall"} <= set(evaluation)
 
 
+@pytest.mark.slow  # the predicted fixture
 def test_the_report_shows_the_source_time_evaluation_beside_the_window_level_one(predicted, tmp_path):
     evaluation = json.loads((predicted / "evaluation.json").read_text())
     result = report.make_report(report.Inputs(predict=predicted / "summary.json"), tmp_path)
@@ -166,6 +168,7 @@ def test_the_rendered_cut_holds_exactly_the_kept_frames(demo_dir, tmp_path):
     assert render_cut(video, [], tmp_path / "none.mp4") is None and not (tmp_path / "none.mp4").exists()
 
 
+@pytest.mark.slow  # the adapter fixture and a predict run
 def test_a_broken_video_in_a_folder_is_recorded_and_the_others_go_on(demo_dir, demo_config, adapter, tmp_path):
     folder = tmp_path / "videos"
     folder.mkdir()
@@ -188,6 +191,7 @@ def test_a_broken_video_in_a_folder_is_recorded_and_the_others_go_on(demo_dir, d
     assert "nothing to score: predict cut 1 of 2 new videos" in page and "keep_precision" not in page
 
 
+@pytest.mark.slow  # about 10 s
 def test_export_merges_into_a_checkpoint_that_loads_and_answers_like_base_plus_adapter(prepared, demo_config,
                                                                                          adapter, tmp_path):
     import torch

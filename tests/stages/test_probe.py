@@ -330,6 +330,7 @@ def write_sparse_checkpoint(config_path: Path, out: Path, shard_bytes: int = 5 *
     return total
 
 
+@pytest.mark.slow  # about 5 s
 def test_a_32b_class_checkpoint_probes_in_seconds_from_headers_alone(tmp_path):
     import subprocess
     import sys

@@ -20,6 +20,8 @@ from videosft.stages import preprocess
 from videosft.stages import window
 from videosft.encoding.chat import prompt_timestamps
 
+pytestmark = pytest.mark.slow  # the real videos' shard alone takes about 20 s
+
 REAL = ["bigbuckbunny.mp4", "bikes.mp4", "carphone_pristine.mp4"]
 
 

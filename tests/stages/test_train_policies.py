@@ -18,6 +18,8 @@ from safetensors.torch import load_file
 from conftest import PROJECT, remember_output, run_torchrun, stage_json
 from videosft.data.sample_store import sample_files
 
+pytestmark = pytest.mark.slow  # trains on 2 ranks
+
 
 def manifest_with(prepared: Path, tmp_path: Path, count: int) -> Path:
     """A manifest whose train split holds the first ``count`` train samples."""

@@ -14,6 +14,8 @@ from conftest import check_host_positions, run_torchrun, stage_json
 from videosft.data import train_logs
 from videosft.data.sample_store import read_samples
 
+pytestmark = pytest.mark.slow  # trains on 2 ranks
+
 
 @pytest.fixture(scope="module")
 def trained(prepared, demo_config, tmp_path_factory) -> Path:

@@ -18,6 +18,8 @@ from safetensors.torch import load_file
 from conftest import PROJECT, run_torchrun, stage_json
 from videosft.training.setup import gather_whole_blocks
 
+pytestmark = pytest.mark.slow  # trains on 2 ranks
+
 
 def test_whole_block_gathering_trains_the_same_adapter_on_two_ranks(prepared, demo_config, tmp_path):
     # the tiny model's tensors all sit under the default persistence threshold, where ZeRO-3 keeps

@@ -141,6 +141,7 @@ def test_launcher_refuses_an_incomplete_allocation(fake_python, env, nproc, mess
     assert result.returncode == 2 and message in result.stderr, result.stderr
 
 
+@pytest.mark.slow  # two torchrun agents and their ranks
 def test_two_torchrun_agents_meet_through_the_launcher(tmp_path):
     """Two 'nodes' on this machine: one agent each, as `srun --ntasks-per-node=1` would start them
     (only the environment is Slurm's; the rendezvous, the agents and the all-reduce are real)."""
@@ -206,6 +207,7 @@ def wait_for_jobs(cluster, job_ids, timeout: float = 60) -> dict[str, dict]:
         time.sleep(1)
 
 
+@pytest.mark.slow  # a Slurm cluster
 def test_launcher_inside_a_real_allocation(cluster, tmp_path):
     """srun starts the launcher in a real job: Slurm's own variables, scontrol for the head node."""
     program = tmp_path / "allreduce.py"
@@ -244,6 +246,7 @@ def test_profile_is_complete():
     assert profile["set-threads"]["train"] == train["gpu"] * train["cpus_per_gpu"]
 
 
+@pytest.mark.slow  # a dry run of the whole workflow: 1.5 s on idle cores, 5.5 s beside other tests
 def test_profile_keys_are_options_snakemake_knows(tmp_path):
     workdir = copy_checkout(tmp_path)
     result = subprocess.run([sys.executable, "-m", "snakemake", "-n", "--workflow-profile", "workflow/profiles/slurm"],
@@ -272,6 +275,15 @@ def cluster_profile(cluster, workdir: Path) -> Path:
 
 
 def snakemake_on_slurm(cluster, workdir: Path, *args: str) -> subprocess.CompletedProcess:
+    """Most of the pipeline's time on Slurm is the executor's polling, which no option shortens
+    much: snakemake-executor-plugin-slurm 2.8.0 sets the next wait itself after every sacct check,
+    to --slurm-init-seconds-before-status-checks once a job has ended, and 10 s longer (hard-coded,
+    up to 180 s) after a check that found none ended. So a job is seen 2, 14, 36 or 68 s after the
+    one before it: a 12 s job at 14 s, a 15 s one at 36 s (on two idle cores the pipeline took 117 s,
+    beside other tests 320 s). --seconds-between-status-checks is not read once the plugin has set
+    its own wait, and --max-status-checks-per-second only spaces the sacct calls within one check.
+    Another start value (at least 1) only moves the checks against the jobs' lengths, which follow
+    the machine's load: for the lengths measured here, no start value waits less at every load."""
     profile = cluster_profile(cluster, workdir)
     env = {**os.environ, "PYTHONPATH": str(workdir / "src"), "OMP_NUM_THREADS": "1"}
     return run_bounded([sys.executable, "-m", "snakemake", "--workflow-profile", str(profile),

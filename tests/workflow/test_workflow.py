@@ -6,15 +6,17 @@ import hashlib
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import psutil
 import pytest
-import yaml
 
-from conftest import copy_checkout, snakemake
+from conftest import copy_checkout, planned_jobs, snakemake
+
+pytestmark = pytest.mark.slow  # the whole pipeline, and reruns of it
 
 PROJECT = Path(__file__).resolve().parents[2]
 STAGES = {
@@ -28,12 +30,158 @@ STAGES = {
 }
 
 
-def planned_jobs(output: str) -> dict[str, int]:
-    """Rule -> count from the 'Job stats' table of a dry run."""
-    if "Nothing to be done" in output:
-        return {}
-    table = output.split("Job stats:", 1)[1].split("total", 1)[0]
-    return {m.group(1): int(m.group(2)) for m in re.finditer(r"^(\w+)\s+(\d+)\s*$", table, re.M)}
+def stopped_tree(root: psutil.Process) -> list[psutil.Process]:
+    """``root`` and every process below it, each stopped (SIGSTOP) before its children are listed, so
+    that none starts another unseen: a fork with a signal pending is restarted after the signal."""
+    found: dict[int, psutil.Process] = {}
+    new = [root]
+    while new:
+        for process in new:
+            found[process.pid] = process
+            try:
+                process.suspend()
+            except psutil.NoSuchProcess:
+                pass
+        new = []
+        for process in list(found.values()):
+            try:
+                new += [child for child in process.children(recursive=True) if child.pid not in found]
+            except psutil.NoSuchProcess:
+                pass
+    return list(found.values())
+
+
+def gone(process: psutil.Process) -> bool:
+    """Ended (a zombie has ended; its parent, or init for an orphan, has yet to collect it)."""
+    try:
+        return process.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def kill_tree(root: subprocess.Popen | psutil.Process) -> None:
+    """SIGKILL a process the test started and every process below it, and wait until all have ended.
+    Its tree, not its process group or a command-line pattern: torchrun starts each rank in a
+    session of its own, and a pattern also matches other pipelines' jobs on the machine."""
+    try:
+        tree = stopped_tree(psutil.Process(root.pid))
+    except psutil.NoSuchProcess:  # it had ended already (a Popen's own child: collected below)
+        tree = []
+    for process in tree:
+        try:
+            process.kill()
+        except psutil.NoSuchProcess:
+            pass
+    if isinstance(root, subprocess.Popen):
+        root.wait()
+    deadline = time.monotonic() + 60
+    while not all(gone(process) for process in tree) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    left = [process for process in tree if not gone(process)]
+    assert not left, f"still running after SIGKILL: {left}"
+
+
+def wait_for_descendants(process: subprocess.Popen, timeout: float) -> None:
+    """Until every process below ``process`` has ended (those they start as they go included)."""
+    below = {child.pid: child for child in psutil.Process(process.pid).children(recursive=True)}
+    deadline = time.monotonic() + timeout
+    while not all(gone(child) for child in below.values()):
+        assert time.monotonic() < deadline, f"still running after {timeout} s: {list(below.values())}"
+        for child in list(below.values()):
+            try:
+                below.update((grandchild.pid, grandchild) for grandchild in child.children(recursive=True))
+            except psutil.NoSuchProcess:
+                pass
+        time.sleep(0.1)
+
+
+def ranks_below(process: subprocess.Popen) -> list[psutil.Process]:
+    """The ranks among the processes below ``process``: torchrun gives them a run id of its own."""
+    ranks = []
+    try:
+        below = psutil.Process(process.pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return ranks
+    for child in below:
+        try:
+            if child.environ().get("TORCHELASTIC_RUN_ID") not in (None, os.environ.get("TORCHELASTIC_RUN_ID")):
+                ranks.append(child)
+        except psutil.Error:  # ended, or a zombie
+            pass
+    return ranks
+
+
+def shard_0_of(snakemake_process: subprocess.Popen) -> psutil.Process | None:
+    """The preprocess stage of shard 0 among the processes below ``snakemake_process``, once started."""
+    try:
+        below = psutil.Process(snakemake_process.pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return None
+    for process in below:
+        try:
+            argv = process.cmdline()
+        except psutil.Error:  # ended, or a zombie
+            continue
+        options = dict(zip(argv, argv[1:]))
+        if options.get("-m") == "videosft.stages.preprocess" and options.get("--shard") == "0" \
+                and options.get("--out") == "results/preprocess/shards/0":
+            return process
+    return None
+
+
+# The command-line patterns (extended regular expressions over the whole command line) that these
+# tests once killed every matching process of the machine by; {run} is full_run. Each also matches
+# a job of another pipeline: its train stage, or its shard 0 (the same relative --out). The
+# bystanders below are such processes.
+OLD_PATTERNS = ["--out {run}/results/train|videosft.stages.train",
+                "videosft.stages.preprocess .*--shard 0 .*--out results/preprocess/shards/0"]
+BYSTANDER_ARGS = [["-m", "videosft.stages.train", "--out", "{elsewhere}/results/train"],
+                  ["-m", "videosft.stages.preprocess", "--shard", "0", "--shards", "2", "--out",
+                   "results/preprocess/shards/0"]]
+# A bystander writes down every signal it receives (SIGKILL and SIGSTOP, which it cannot catch, would
+# show as its end or its stop); it ends by itself once pytest, its parent, has gone.
+SLEEPER = """\
+import os, signal, sys, time
+parent, record = os.getppid(), sys.argv[1]
+def note(number, frame):
+    with open(record, "a") as handle:
+        handle.write(f"{number}\\n")
+for number in set(signal.Signals) - {signal.SIGKILL, signal.SIGSTOP}:
+    signal.signal(number, note)
+open(record + ".ready", "w").close()
+deadline = time.monotonic() + 3600
+while os.getppid() == parent and time.monotonic() < deadline:
+    time.sleep(0.5)
+"""
+
+
+@pytest.fixture(scope="module")
+def bystanders(tmp_path_factory):
+    """Two sleeping processes that look like another checkout's pipeline jobs, running while the tests
+    that kill jobs do; each with the file its signals are written to."""
+    elsewhere = tmp_path_factory.mktemp("elsewhere")
+    started = []
+    try:
+        for index, args in enumerate(BYSTANDER_ARGS):
+            record = elsewhere / f"signals-{index}.txt"
+            argv = [sys.executable, "-c", SLEEPER, str(record), *(a.format(elsewhere=elsewhere) for a in args)]
+            started.append((subprocess.Popen(argv, cwd=elsewhere, start_new_session=True), record))
+        deadline = time.monotonic() + 60
+        while not all(record.with_name(record.name + ".ready").exists() for _, record in started):
+            assert time.monotonic() < deadline, "the bystanders did not start"
+            time.sleep(0.1)
+        yield started
+    finally:
+        for process, _ in started:
+            process.kill()
+            process.wait()
+
+
+def assert_untouched(bystanders) -> None:
+    for process, record in bystanders:
+        assert process.poll() is None, f"a process no test started was killed: {process.args[4:]}"
+        assert psutil.Process(process.pid).status() != psutil.STATUS_STOPPED, process.args[4:]
+        assert not record.exists() or record.read_text() == "", f"signalled: {record.read_text()}"
 
 
 @pytest.fixture(scope="module")
@@ -73,11 +221,11 @@ def test_every_stage_writes_its_outputs_and_a_run_record(full_run):
         assert Path(record["interpreter"]).exists()
         for package in ("torch", "transformers", "peft", "deepspeed", "snakemake", "decord", "pandas", "pyarrow"):
             assert record["packages"][package], f"{stage}: no version recorded for {package}"
-        assert f"{stage}.py" in record["sources"]
+        assert f"stages/{stage}.py" in record["sources"]
         for name, digest in record["sources"].items():
             path = full_run / "src" / "videosft" / name
             assert hashlib.sha256(path.read_bytes()).hexdigest() == digest, f"{stage}: hash of {name}"
-        assert record["module_file"] == str(full_run / "src" / "videosft" / f"{stage}.py")
+        assert record["module_file"] == str(full_run / "src" / "videosft" / "stages" / f"{stage}.py")
         assert record["config_sha256"] and record["started"] <= record["ended"]
     assert (full_run / "results/window/windows.parquet").exists()
     manifest = json.loads((full_run / "results/preprocess/manifest.json").read_text())
@@ -115,7 +263,7 @@ def test_nothing_to_do_after_a_full_run(full_run):
 
 
 def test_changing_one_stage_plans_it_and_what_follows(full_run):
-    train_py = full_run / "src" / "videosft" / "train.py"
+    train_py = full_run / "src" / "videosft" / "stages" / "train.py"
     original = train_py.read_text()
     train_py.write_text(original + "\n# a change\n")
     try:
@@ -191,22 +339,30 @@ def test_predict_writes_cut_lists_for_every_demo_video(full_run):
         {"predict": 1, "report": 1, "all": 1}
 
 
-def test_an_interrupted_stage_is_found_and_rerun_with_rerun_incomplete(full_run):
-    import signal
-    import time
-
+def test_an_interrupted_stage_is_found_and_rerun_with_rerun_incomplete(full_run, bystanders):
+    """Snakemake killed while its train job runs on to the end (as when the session that runs it dies):
+    the outputs are there, but Snakemake never recorded them complete. (A job killed with it leaves
+    no outputs to flag: Snakemake then plans the stage for its missing outputs.)"""
     env = {**os.environ, "PYTHONPATH": str(full_run / "src")}
     log = full_run / "logs" / "train" / "train.log"
     log.unlink()  # the earlier run's log would look like this one's
     process = subprocess.Popen([sys.executable, "-m", "snakemake", "--cores", "2", "--forcerun", "train"],
                                cwd=full_run, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                start_new_session=True)
-    deadline = time.time() + 120
-    while time.time() < deadline and not (log.exists() and "step 0" in log.read_text()):
-        time.sleep(0.2)
-    os.killpg(process.pid, signal.SIGKILL)
-    process.wait()
-    subprocess.run(["pkill", "-9", "-f", f"--out {full_run}/results/train|videosft.stages.train"], check=False)
+    try:
+        # Snakemake stopped once torchrun has started the ranks (long after it marked train's outputs
+        # incomplete, long before they can be complete), so that it records nothing more; its job (the
+        # shell, torchrun and the ranks, in sessions of their own) trains to the end and is waited for.
+        deadline = time.time() + 120
+        while time.time() < deadline and process.poll() is None and len(ranks_below(process)) < 2:
+            time.sleep(0.1)
+        assert len(ranks_below(process)) == 2, "torchrun never started the ranks"
+        psutil.Process(process.pid).suspend()
+        wait_for_descendants(process, timeout=300)
+    finally:
+        kill_tree(process)  # Snakemake, and anything of its job still running after a failure above
+    assert "step 0" in log.read_text(), "the train job never trained"
+    assert_untouched(bystanders)
     result = snakemake(full_run, "-n")
     assert "incomplete" in (result.stdout + result.stderr).lower()
     assert planned_jobs(snakemake(full_run, "-n", "--rerun-incomplete").stdout) == {"train": 1, "verify": 1, "report": 1, "all": 1}
@@ -217,23 +373,28 @@ def test_an_interrupted_stage_is_found_and_rerun_with_rerun_incomplete(full_run)
     assert planned_jobs(snakemake(full_run, "-n").stdout) == {}
 
 
-def test_keep_going_finishes_the_independent_jobs_when_one_is_killed(full_run):
+def test_keep_going_finishes_the_independent_jobs_when_one_is_killed(full_run, bystanders):
     """One preprocess shard dies (as under the OOM killer); --keep-going still finishes the other."""
-    import time
-
     env = {**os.environ, "PYTHONPATH": str(full_run / "src")}
     manifest = full_run / "results/preprocess/manifest.json"
     gathered = manifest.stat().st_mtime_ns
     process = subprocess.Popen([sys.executable, "-m", "snakemake", "--cores", "1", "--keep-going",
                                 "--forcerun", "preprocess_shard", "--until", "preprocess"],
-                               cwd=full_run, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    pattern = "videosft.stages.preprocess .*--shard 0 .*--out results/preprocess/shards/0"
-    deadline = time.time() + 120
-    killed = False
-    while time.time() < deadline and process.poll() is None and not killed:
-        killed = subprocess.run(["pkill", "-9", "-f", pattern], check=False).returncode == 0
-        time.sleep(0.05)
-    output, _ = process.communicate(timeout=300)
+                               cwd=full_run, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               start_new_session=True)
+    try:
+        deadline = time.time() + 120
+        killed = False
+        while time.time() < deadline and process.poll() is None and not killed:
+            shard = shard_0_of(process)  # this Snakemake's own job, not another pipeline's shard 0
+            if shard is not None:
+                kill_tree(shard)
+                killed = True
+            time.sleep(0.05)
+        output, _ = process.communicate(timeout=300)
+    finally:
+        kill_tree(process)
+    assert_untouched(bystanders)
     assert killed, "shard 0 never started\n" + output[-3000:]
     assert process.returncode != 0 and "Error in rule preprocess_shard" in output, output[-3000:]
     shard_1 = json.loads((full_run / "results/preprocess/shards/1/run_record.json").read_text())
@@ -245,60 +406,14 @@ def test_keep_going_finishes_the_independent_jobs_when_one_is_killed(full_run):
         "preprocess_shard": 1, "preprocess": 1, "probe": 1, "train": 1, "verify": 1, "report": 1, "all": 1}
 
 
-@pytest.fixture(scope="module")
-def user_run(full_run, tmp_path_factory) -> Path:
-    """The pipeline on data outside the demo's folder, as a user's: annotations, videos and a checkpoint
-    that Snakemake did not make, so it watches them only through the config's paths."""
-    workdir = copy_checkout(tmp_path_factory.mktemp("user"))
-    shutil.copytree(full_run / "data" / "demo", workdir / "mine", ignore=shutil.ignore_patterns(".*", "run_record.json"))
-    (workdir / "mine.yaml").write_text(yaml.safe_dump({
-        "data": {"annotations": "mine/annotations.jsonl", "root": "mine/videos"}, "model": {"path": "mine/model"}}))
-    result = snakemake(workdir, "--cores", "2", "--configfile", "mine.yaml")
-    assert result.returncode == 0
-    assert not (workdir / "data" / "demo").exists()
-    return workdir
-
-
-def replace_keeping_mtime(path: Path, content: bytes) -> None:
-    """New content under the old modification time: only the size tells the file changed."""
-    stat = path.stat()
-    path.write_bytes(content)
-    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
-    assert path.stat().st_size != stat.st_size
-
-
-def test_a_changed_video_or_checkpoint_file_reruns_its_stages(user_run):
-    after_window = {"window": 1, "preprocess_shard": 2, "preprocess": 1, "probe": 1, "train": 1, "verify": 1,
-                    "report": 1, "all": 1}
-    assert planned_jobs(snakemake(user_run, "-n", "--configfile", "mine.yaml").stdout) == {}
-    videos = sorted((user_run / "mine" / "videos").iterdir())
-    original = videos[0].read_bytes()
-    replace_keeping_mtime(videos[0], videos[1].read_bytes())
-    try:
-        assert planned_jobs(snakemake(user_run, "-n", "--configfile", "mine.yaml").stdout) == after_window
-    finally:
-        replace_keeping_mtime(videos[0], original)
-    config = user_run / "mine" / "model" / "config.json"
-    original = config.read_bytes()
-    replace_keeping_mtime(config, original + b"\n")
-    try:
-        planned = planned_jobs(snakemake(user_run, "-n", "--configfile", "mine.yaml").stdout)
-        assert planned == {key: count for key, count in after_window.items() if key != "window"}
-    finally:
-        replace_keeping_mtime(config, original)
-    assert planned_jobs(snakemake(user_run, "-n", "--configfile", "mine.yaml").stdout) == {}
-
-
-def test_a_missing_input_fails_before_anything_runs(user_run):
-    windows = user_run / "results" / "window" / "windows.parquet"
-    before = windows.stat().st_mtime_ns
-    for key, value in (("annotations", "mine/nothing-here.jsonl"), ("root", "mine/no-videos")):
-        (user_run / "gone.yaml").write_text(yaml.safe_dump({"data": {key: value}}))
-        result = snakemake(user_run, "--cores", "2", "--configfile", "mine.yaml", "gone.yaml")
-        output = result.stdout + result.stderr
-        assert result.returncode != 0
-        assert f"config data.{key}: {value} does not exist" in output and "Traceback" not in output, output[-2000:]
-    (user_run / "gone.yaml").write_text(yaml.safe_dump({"model": {"path": "mine/no-model"}}))
-    result = snakemake(user_run, "--cores", "2", "--configfile", "mine.yaml", "gone.yaml")
-    assert result.returncode != 0 and "config model.path: mine/no-model does not exist" in result.stdout + result.stderr
-    assert windows.stat().st_mtime_ns == before and not re.search(r"^rule \w+:", result.stdout, re.M)
+def test_the_killing_tests_spared_processes_they_did_not_start(full_run, bystanders):
+    """The bystanders lived through the tests above that kill jobs (run beside them, in this module),
+    although the pattern those tests once killed by matches each; then the test that started them
+    stops them."""
+    for (process, _), pattern in zip(bystanders, OLD_PATTERNS):
+        command_line = " ".join(psutil.Process(process.pid).cmdline())
+        assert re.search(pattern.format(run=full_run), command_line), (pattern, command_line)
+    assert_untouched(bystanders)
+    for process, _ in bystanders:
+        kill_tree(process)
+        assert process.returncode == -9
