@@ -173,6 +173,7 @@ def test_pixel_compression_is_the_configured_codec_and_round_trips(samples, tmp_
     assert [r["frames"] for r in back] == [r["frames"] for r in samples[:3] if r["split"] == samples[0]["split"]]
 
 
+@pytest.mark.slow
 def test_a_shard_log_has_progress_and_no_warning_per_window(prepared, demo_config, tmp_path):
     """A template without enable_thinking (the demo's) is not handed the keyword (transformers then warned
     about it on every window), so the log holds the stage's lines, not one warning per sample."""
