@@ -31,28 +31,9 @@ def stage_names() -> set[str]:
 
 
 def imports(path: Path, module: str | None) -> list[tuple[int, str, list[str]]]:
-    """(line, dotted module inside videosft, names taken from it) for every videosft import of the file,
-    at the top or inside a function; ``module`` is the file's own dotted name (for relative imports)."""
-    package = module.split(".")[:-1] if module else []
-    found = []
-    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
-        if isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = package[:len(package) - (node.level - 1)] + (node.module.split(".") if node.module else [])
-            elif node.module and (node.module == "videosft" or node.module.startswith("videosft.")):
-                base = node.module.split(".")[1:]
-            else:
-                continue
-            for alias in node.names:  # `from videosft.stages import train` names the module train
-                whole = ".".join([*base, alias.name])
-                if provenance.module_file(whole) is not None:
-                    found.append((node.lineno, whole, ["*"]))
-                else:
-                    found.append((node.lineno, ".".join(base), [alias.name]))
-        elif isinstance(node, ast.Import):
-            found += [(node.lineno, ".".join(alias.name.split(".")[1:]), ["*"]) for alias in node.names
-                      if alias.name.startswith("videosft.")]
-    return found
+    """(line, dotted module inside videosft, names taken from it) for every videosft import of the file;
+    ``module``: the file's own dotted name inside videosft, None outside the package."""
+    return provenance.imports(path, module.split(".")[:-1] if module else [])
 
 
 def stage_of(module: str) -> str | None:

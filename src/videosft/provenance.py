@@ -94,12 +94,12 @@ def stage_sources(stage: str) -> list[Path]:
     return sorted(module_file(name) for name in seen)
 
 
-def _local_imports(module: str) -> set[str]:
-    """The videosft modules (dotted, inside the package) that ``module`` imports, anywhere in its body."""
-    path = module_file(module)
-    package = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
-    names = set()
-    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+def imports(path: Path, package: list[str]) -> list[tuple[int, str, list[str]]]:
+    """(line, dotted module inside videosft, names taken from it) for every videosft import of a file,
+    at the top or inside a function; ``package``: the file's package inside videosft, for relative
+    imports. ``from videosft.stages import train`` takes module ``stages.train`` whole (names ``["*"]``)."""
+    found = []
+    for node in ast.walk(ast.parse(Path(path).read_text(), filename=str(path))):
         if isinstance(node, ast.ImportFrom):
             if node.level:
                 base = package[:len(package) - (node.level - 1)] + (node.module.split(".") if node.module else [])
@@ -107,12 +107,21 @@ def _local_imports(module: str) -> set[str]:
                 base = node.module.split(".")[1:]
             else:
                 continue
-            names.add(".".join(base))
-            names.update(".".join([*base, alias.name]) for alias in node.names)  # from package import module
+            for alias in node.names:
+                whole = ".".join([*base, alias.name])
+                found.append((node.lineno, whole, ["*"]) if module_file(whole) is not None
+                             else (node.lineno, ".".join(base), [alias.name]))
         elif isinstance(node, ast.Import):
-            names.update(".".join(alias.name.split(".")[1:]) for alias in node.names
-                         if alias.name.startswith("videosft."))
-    return {name for name in names if name and module_file(name) is not None}
+            found += [(node.lineno, ".".join(alias.name.split(".")[1:]), ["*"]) for alias in node.names
+                      if alias.name.startswith("videosft.")]
+    return found
+
+
+def _local_imports(module: str) -> set[str]:
+    """The videosft modules (dotted, inside the package) that ``module`` imports, anywhere in its body."""
+    path = module_file(module)
+    package = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
+    return {name for _, name, _ in imports(path, package) if name and module_file(name) is not None}
 
 
 class StaleCodeError(UserError, RuntimeError):
