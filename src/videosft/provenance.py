@@ -245,8 +245,9 @@ def stage_parser(doc: str | None) -> argparse.ArgumentParser:
     parser.add_argument("--after", nargs="*", help="run records of earlier stages of the same run: interpreter and "
                         "core package versions must agree with them")
     parser.add_argument("--job", help="the Snakemake job that runs this stage (recorded)")
-    parser.add_argument("--log", type=Path, help="the stage's log file (Snakemake's log:): a failed stage keeps its "
-                        "run record and rejects beside it, since Snakemake removes a failed job's outputs")
+    # not --log: torchrun, which passes the train stage its arguments, takes that for an ambiguous option of its own
+    parser.add_argument("--stage-log", type=Path, help="the stage's log file (Snakemake's log:): a failed stage keeps "
+                        "its run record and rejects beside it, since Snakemake removes a failed job's outputs")
     return parser
 
 
@@ -260,9 +261,9 @@ def existing_path(text: str) -> Path:
 
 
 def kept_path(args: argparse.Namespace | None, name: str) -> Path | None:
-    """Where a stage keeps ``name`` (``run_record.json``, ``rejects.jsonl``) beside its ``--log``
+    """Where a stage keeps ``name`` (``run_record.json``, ``rejects.jsonl``) beside its ``--stage-log``
     (``logs/window/window.log`` -> ``logs/window/window.rejects.jsonl``); None without one."""
-    log = getattr(args, "log", None)
+    log = getattr(args, "stage_log", None)
     return Path(log).with_suffix(f".{name}") if log else None
 
 

@@ -19,4 +19,4 @@ rule demo:
     benchmark:
         "benchmarks/demo/demo.tsv"
     shell:
-        "python -m videosft.stages.demo --config {params.cfg:q} --code {input.code} --job {params.job} --log {log} --out {params.out} > {log} 2>&1"
+        "python -m videosft.stages.demo --config {params.cfg:q} --code {input.code} --job {params.job} --stage-log {log} --out {params.out} > {log} 2>&1"

@@ -24,7 +24,7 @@ rule predict:
     benchmark:
         "benchmarks/predict/predict.tsv"
     shell:
-        "python -m videosft.stages.predict --config {params.cfg:q} --code {input.code} --job {params.job} --log {log} {params.options} "
+        "python -m videosft.stages.predict --config {params.cfg:q} --code {input.code} --job {params.job} --stage-log {log} {params.options} "
         "--out {params.out} > {log} 2>&1"
 
 
@@ -51,5 +51,5 @@ rule export:
     benchmark:
         "benchmarks/export/export.tsv"
     shell:
-        "python -m videosft.stages.export --config {params.cfg:q} --code {input.code} --job {params.job} --log {log} --after {input.after} "
+        "python -m videosft.stages.export --config {params.cfg:q} --code {input.code} --job {params.job} --stage-log {log} --after {input.after} "
         "--adapter {input.adapter} --out {params.out} > {log} 2>&1"

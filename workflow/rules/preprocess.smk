@@ -23,7 +23,7 @@ rule preprocess_shard:
     benchmark:
         "benchmarks/preprocess/shard-{shard}.tsv"
     shell:
-        "python -m videosft.stages.preprocess --config {params.cfg:q} --code {input.code} --job {params.job} --log {log} --after {input.after} --windows {input.windows} "
+        "python -m videosft.stages.preprocess --config {params.cfg:q} --code {input.code} --job {params.job} --stage-log {log} --after {input.after} --windows {input.windows} "
         "--shard {wildcards.shard} --shards {params.shards} --out {output.shard} > {log} 2>&1"
 
 
@@ -46,5 +46,5 @@ rule preprocess:
     log:
         "logs/preprocess/preprocess.log",
     shell:
-        "python -m videosft.stages.preprocess --config {params.cfg:q} --code {input.code} --job {params.job} --log {log} --after {input.after} --gather {input.shards} "
+        "python -m videosft.stages.preprocess --config {params.cfg:q} --code {input.code} --job {params.job} --stage-log {log} --after {input.after} --gather {input.shards} "
         "--out {params.out} > {log} 2>&1"

@@ -19,5 +19,5 @@ rule probe:
     log:
         "logs/probe/probe.log",
     shell:
-        "python -m videosft.stages.probe --config {params.cfg:q} --code {input.code} --job {params.job} --log {log} --after {input.after} --samples {input.samples} "
+        "python -m videosft.stages.probe --config {params.cfg:q} --code {input.code} --job {params.job} --stage-log {log} --after {input.after} --samples {input.samples} "
         "--out {params.out} > {log} 2>&1"

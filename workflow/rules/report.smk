@@ -81,7 +81,7 @@ rule report:
     benchmark:
         "benchmarks/report/report.tsv"
     shell:
-        "python -m videosft.stages.report --config {params.cfg:q} --code {input.code} --job {params.job} --log {log} --after {input.after} "
+        "python -m videosft.stages.report --config {params.cfg:q} --code {input.code} --job {params.job} --stage-log {log} --after {input.after} "
         "--windows {input.windows} --window-rejects {input.window_rejects} --manifest {input.manifest} "
         "--preprocess-rejects {input.preprocess_rejects} --probe {input.probe} --train {input.train} "
         "--train-steps {input.train_steps} --verify {input.verify} {params.predict} --out {params.out} > {log} 2>&1"

@@ -31,5 +31,5 @@ rule train:
     shell:
         "OMP_NUM_THREADS=$(( {threads} / {resources.nproc} > 0 ? {threads} / {resources.nproc} : 1 )) "
         "TRITON_CACHE_DIR=${{TRITON_CACHE_DIR:-$PWD/.cache/triton}} "
-        "{params.launch} -m videosft.stages.train --config {params.cfg:q} --code {input.code} --job {params.job} --log {log} "
+        "{params.launch} -m videosft.stages.train --config {params.cfg:q} --code {input.code} --job {params.job} --stage-log {log} "
         "--after {input.after} --samples {input.samples} --probe {input.probe} --out {params.out} > {log} 2>&1"

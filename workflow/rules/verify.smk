@@ -21,5 +21,5 @@ rule verify:
     benchmark:
         "benchmarks/verify/verify.tsv"
     shell:
-        "python -m videosft.stages.verify --config {params.cfg:q} --code {input.code} --job {params.job} --log {log} --after {input.after} --adapter {input.adapter} "
+        "python -m videosft.stages.verify --config {params.cfg:q} --code {input.code} --job {params.job} --stage-log {log} --after {input.after} --adapter {input.adapter} "
         "--samples {input.samples} --out {params.out} > {log} 2>&1"

@@ -20,4 +20,4 @@ rule window:
     benchmark:
         "benchmarks/window/window.tsv"
     shell:
-        "python -m videosft.stages.window --config {params.cfg:q} --code {input.code} --job {params.job} --log {log} --out {params.out} > {log} 2>&1"
+        "python -m videosft.stages.window --config {params.cfg:q} --code {input.code} --job {params.job} --stage-log {log} --out {params.out} > {log} 2>&1"
