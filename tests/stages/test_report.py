@@ -172,6 +172,20 @@ def test_gpu_memory_is_drawn_against_the_prediction(inputs, tmp_path):
     assert "peak RSS" not in text
 
 
+def test_a_slow_path_the_run_took_unasked_is_in_the_report(inputs, tmp_path):
+    from videosft.kernels.gated_deltanet import slow_path_warning
+
+    train = write_train(tmp_path / "train", device="cuda:0")
+    record = json.loads(train.read_text())
+    warning = slow_path_warning({"importable": False, "error": "ModuleNotFoundError: No module named 'fla'"})
+    record["results"]["kernels"] = {"warnings": [warning]}
+    train.write_text(json.dumps(record))
+    result = make_report(Inputs(**{**vars(inputs), "train": train, "train_steps": train.parent / "steps.jsonl"}),
+                         tmp_path / "out", fmt="svg")
+    assert warning in result["figures"]["load"]["notes"]
+    assert "flash-linear-attention does not import here" in assert_svg(tmp_path / "out" / "load.svg")
+
+
 def test_missing_optional_inputs_give_placeholder_figures(inputs, tmp_path):
     absent = tmp_path / "absent"
     partial = Inputs(windows=inputs.windows, manifest=inputs.manifest, probe=None,

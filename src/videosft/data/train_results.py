@@ -5,8 +5,8 @@ The train stage returns them from its last phase: ``world_size``, ``device`` and
 the run; ``load``, the checkpoint load (``entries``, ``matched``, a ``summary`` and its times in
 seconds: :data:`LOAD_TIMES`); ``memory``, each rank's ``measured`` peaks in GiB over the run
 (:data:`PEAKS`, by rank) and, where the probe made a memory plan, the ``predicted`` ones
-(``allocated_gib``, ``reserved_gib``, ...); and the kernels bound, LoRA's targets, rank 0's losses
-and the ledgers' check. What each step did is in :mod:`videosft.data.train_logs`.
+(``allocated_gib``, ``reserved_gib``, ...); ``kernels``, the kernels bound, with ``warnings`` for a
+slow path taken unasked; LoRA's targets, rank 0's losses and the ledgers' check. What each step did is in :mod:`videosft.data.train_logs`.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ class TrainResults:
     load_summary: str | None = None
     predicted_gib: dict[str, float] = field(default_factory=dict)  # of PREDICTED; empty without a plan
     measured_gib: dict[int, dict[str, float]] = field(default_factory=dict)  # rank -> its PEAKS
+    kernel_warnings: list[str] = field(default_factory=list)  # a slow path the run took unasked
 
 
 def read_train_results(record_path: Path) -> TrainResults:
@@ -41,4 +42,5 @@ def read_train_results(record_path: Path) -> TrainResults:
         world_size=results.get("world_size"), device=results.get("device"), precision=results.get("precision"),
         load_seconds=numbers(load, LOAD_TIMES), load_summary=load.get("summary"),
         predicted_gib=numbers(memory.get("predicted") or {}, PREDICTED),
-        measured_gib={int(rank): numbers(peaks, PEAKS) for rank, peaks in (memory.get("measured") or {}).items()})
+        measured_gib={int(rank): numbers(peaks, PEAKS) for rank, peaks in (memory.get("measured") or {}).items()},
+        kernel_warnings=list((results.get("kernels") or {}).get("warnings") or []))

@@ -241,6 +241,29 @@ def check_gated_delta_rule(candidate, reference, shapes, lengths, device, gates=
 # ---------------------------------------------------------------- choosing for a run
 
 
+INSTALL = "pip install -e '.[gpu]'"  # flash-linear-attention, at the version the checks were made with
+
+
+def slow_path_warning(status: dict) -> str:
+    """What to tell a user whose GPU run takes transformers' torch Gated-DeltaNet because fla does not import
+    (``status``: :func:`fla_status`): loudly, with the cost and the fix, since nothing else would show it."""
+    return (f"WARNING: flash-linear-attention does not import here ({status.get('error', 'not installed')}), so "
+            "Qwen3.5's Gated-DeltaNet layers and their convolution run transformers' torch path on the GPU: 30-60x "
+            "slower per layer (on an H200 at 13.4k tokens, 298 ms against 5.2 ms forward and backward). Install it: "
+            f"{INSTALL}; or set {ENV}=torch to take the torch path on purpose.")
+
+
+def planned_slow_paths(meta_model) -> list[str]:
+    """Before any GPU time, on a machine with a GPU: the slow path its run would take unasked (a model with
+    Gated-DeltaNet layers and no fla that imports), for the probe to say beside its plan."""
+    import torch
+
+    if not torch.cuda.is_available() or not layer_shapes(meta_model) or os.environ.get(ENV) == "torch":
+        return []
+    status = fla_status()
+    return [] if status["importable"] else [slow_path_warning(status)]
+
+
 def gpu_implementation() -> str:
     """What a GPU run in this environment will take, for planning ahead without a GPU or a model:
     torch when asked for, else fla if it is installed (the run still checks it before use)."""

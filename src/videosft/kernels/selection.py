@@ -10,7 +10,7 @@ from pathlib import Path
 
 from . import attention_backends, autotune, packed_attention
 from .fused import select_fused_kernels
-from .gated_deltanet import select_gated_delta_rule
+from .gated_deltanet import select_gated_delta_rule, slow_path_warning
 from .vision_attention import batch_vision_attention
 
 
@@ -29,17 +29,30 @@ def bind(model, chosen: dict, device, longest_tokens: int, fused: str, packed: b
     """The rest, on the built model: the fused kernels (checked at ``longest_tokens``, a whole pack when
     packing), one vision attention per layer, one causal attention per packed sample, and the SDPA
     backends for padded or unpadded micro-batches."""
-    return {**chosen,
-            "fused": select_fused_kernels(model, device, longest_tokens, fused),
-            "vision_attention_batched": batch_vision_attention(model),
-            "packed_attention": packed_attention.bind(model) if packed else None,
-            "attention": attention_backends.for_batches(device, padded=padded)}
+    bound = {**chosen,
+             "fused": select_fused_kernels(model, device, longest_tokens, fused),
+             "vision_attention_batched": batch_vision_attention(model),
+             "packed_attention": packed_attention.bind(model) if packed else None,
+             "attention": attention_backends.for_batches(device, padded=padded)}
+    bound["warnings"] = slow_paths(bound, device)
+    return bound
+
+
+def slow_paths(kernels: dict, device) -> list[str]:
+    """Warnings for a GPU run on a slow path nobody asked for: the torch Gated-DeltaNet because fla does not
+    import (``VIDEOSFT_GATED_DELTANET=torch`` asks for it, and is not warned about)."""
+    gated_deltanet = kernels["gated_deltanet"]
+    if device.type != "cuda" or gated_deltanet.get("reason") != "fla does not import":
+        return []
+    return [slow_path_warning(gated_deltanet["fla"])]
 
 
 def summary(kernels: dict, device) -> list[str]:
-    """The log lines that say what runs: the Gated-DeltaNet, the fused kernels, and on a GPU the autotune table."""
+    """The log lines that say what runs: the Gated-DeltaNet, the fused kernels, and on a GPU the autotune table,
+    after any slow path's warning (:func:`slow_paths`), first."""
     fused = {kind: impl for kind, impl in kernels["fused"]["implementation"].items() if impl}
-    lines = [f"Gated-DeltaNet: {kernels['gated_deltanet']['implementation']}; fused kernels: {fused}"]
+    lines = [*kernels.get("warnings", []),
+             f"Gated-DeltaNet: {kernels['gated_deltanet']['implementation']}; fused kernels: {fused}"]
     if device.type == "cuda":
         lines.append(autotune.summary(kernels["autotune"]))
     return lines

@@ -20,6 +20,7 @@ from pathlib import Path
 from .. import config as config_lib
 from ..config import View
 from ..data.probe_result import recorded, write_probe
+from ..kernels.gated_deltanet import planned_slow_paths
 from ..models.checkpoint import CheckpointError, build_meta_model, config_dtype, extras_summary, map_checkpoint, \
     read_checkpoint, tokenizer_agreement
 from ..models.lora import coverage
@@ -59,6 +60,7 @@ def probe(cfg: View, manifest: Path | None = None) -> dict:
         "memory": plan,
         "key_map": {key: {"shard": shard_of[key], "parameter": name} for key, name in report.key_map.items()},
         "seconds": time.perf_counter() - started,
+        "warnings": planned_slow_paths(model),
         "ok": report.ok and not agreement,
         "problems": "\n".join(filter(None, [report.problems(), *agreement])),
     }
@@ -90,7 +92,9 @@ def memory_plan(model, cfg: View, trainable: int, manifest: Path) -> dict:
 
 
 def print_summary(result: dict) -> None:
-    """The probe's findings and memory plan, for the log."""
+    """The probe's findings and memory plan, for the log; a slow path the run would take, first."""
+    for warning in result["warnings"]:
+        print(warning, file=sys.stderr)
     lora = result["lora"]
     print(f"probe: {result['model_class']}, {result['mapped']} of {result['checkpoint_tensors']} checkpoint "
           f"tensors mapped ({result['renamed']} renamed), {result['parameters']:,} parameters; LoRA on "

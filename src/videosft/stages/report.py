@@ -27,6 +27,7 @@ and the run record lists which figures are placeholders and why. The phases: :fu
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from .. import config as config_lib
@@ -70,6 +71,9 @@ def report(inputs: Inputs, out: Path, fmt: str, record: dict) -> None:
     placeholders = record["results"]["placeholders"]
     print(f"report: {len(FIGURES)} figures in {out}"
           + (f", {len(placeholders)} without data: {', '.join(placeholders)}" if placeholders else ""))
+    for warning in {note for figure in record["results"]["figures"].values() for note in figure["notes"]
+                    if note.startswith("WARNING")}:
+        print(warning, file=sys.stderr)
 
 
 def main(argv: list[str] | None = None) -> int:
