@@ -9,9 +9,9 @@ counts on the same prepared data, and prints each run's figures against the bar:
 
     python bench/learning_margin.py --seeds 0 1 2 3 --steps 100 150 200 --jobs 4 --work /tmp/margin
 
-Each seed runs the stages in order (demo with its pretraining, window, preprocess, probe), then one
-train (2 gloo ranks on CPU, as the test) and one verify per step count. ``--jobs`` seeds run at once;
-each takes about 3 cores while training.
+Each seed (and each ``--pretrain-steps`` count) runs the stages in order (demo with its pretraining,
+window, preprocess, probe), then one train (2 gloo ranks on CPU, as the test) and one verify per step
+count. ``--jobs`` such pipelines run at once; each takes about 3 cores while training.
 """
 
 from __future__ import annotations
@@ -48,18 +48,20 @@ def stage_json(name: str, overrides: dict) -> str:
     return json.dumps(config_lib.stage_config(name, config_lib.resolve(overrides)))
 
 
-def seed_config(seed: int, steps: int | None = None) -> dict:
+def seed_config(seed: int, pretrain_steps: int | None = None) -> dict:
     cfg = yaml.safe_load((PROJECT / "workflow" / "configs" / "learning.yaml").read_text())
     cfg["demo"]["seed"] = seed
+    if pretrain_steps is not None:
+        cfg["demo"]["pretrain"] = {**cfg["demo"]["pretrain"], "steps": pretrain_steps}
     cfg["window"] = {**cfg.get("window", {}), "seed": seed}
-    cfg["train"] = {**cfg["train"], "seed": seed, **({"steps": steps} if steps else {})}
+    cfg["train"] = {**cfg["train"], "seed": seed}
     return cfg
 
 
-def prepare(seed: int, work: Path, env: dict) -> dict:
+def prepare(seed: int, pretrain_steps: int | None, work: Path, env: dict) -> dict:
     """demo (videos, pretrained base), window, preprocess in two shards, probe: each step count's input."""
     python, times = sys.executable, {}
-    cfg = seed_config(seed)
+    cfg = seed_config(seed, pretrain_steps)
     data = work / "data"
     cfg["data"] = {"annotations": str(data / "annotations.jsonl"), "root": str(data / "videos")}
     cfg["model"] = {"path": str(data / "model")}
@@ -82,7 +84,8 @@ def prepare(seed: int, work: Path, env: dict) -> dict:
     times["probe"] = stage([python, "-m", "videosft.stages.probe", "--config", stage_json("probe", cfg), "--samples",
                             str(work / "preprocess" / "manifest.json"), "--out", str(work / "probe")], log, env)
     pretraining = json.loads((data / "demo.json").read_text())["model"]["pretraining"]
-    return {"cfg": cfg, "times": times, "held_out_exact_match": pretraining["held_out_exact_match"]}
+    return {"cfg": cfg, "times": times, "held_out_exact_match": pretraining["held_out_exact_match"],
+            "pretrain_steps": cfg["demo"]["pretrain"]["steps"]}
 
 
 def train_and_verify(seed: int, steps: int, work: Path, prepared: dict, env: dict) -> dict:
@@ -98,7 +101,7 @@ def train_and_verify(seed: int, steps: int, work: Path, prepared: dict, env: dic
     evaluation = json.loads((work / f"verify-{steps}" / "verify.json").read_text())["evaluation"]
     tuned, constants = evaluation["fine_tuned"], evaluation["baselines"]
     best = max(metrics["mIoU"] for name, metrics in constants.items() if isinstance(metrics, dict) and "mIoU" in metrics)
-    return {"seed": seed, "steps": steps, "windows": evaluation["windows"], "base_mIoU": evaluation["base"]["mIoU"],
+    return {"seed": seed, "pretrain_steps": prepared["pretrain_steps"], "steps": steps, "windows": evaluation["windows"], "base_mIoU": evaluation["base"]["mIoU"],
             "mIoU": tuned["mIoU"], "best_constant_mIoU": best, "margin": tuned["mIoU"] - best,
             "R1@0.5": tuned["R1@0.5"], "well_formed": tuned["well_formed_rate"],
             "empty_accuracy": tuned["empty_accuracy"],
@@ -113,10 +116,11 @@ def passes(row: dict) -> bool:
             and row["empty_accuracy"] >= row["whole_window_empty_accuracy"] and row["held_out_exact_match"] >= 0.5)
 
 
-def run_seed(seed: int, steps: list[int], work: Path) -> list[dict]:
+def run_seed(seed: int, pretrain_steps: int | None, steps: list[int], work: Path) -> list[dict]:
     work.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(PROJECT / "src")}
-    prepared = prepare(seed, work, env)
+    path = os.pathsep.join(filter(None, [str(PROJECT / "src"), os.environ.get("PYTHONPATH")]))
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": path}
+    prepared = prepare(seed, pretrain_steps, work, env)
     rows = []
     for count in steps:
         rows.append(train_and_verify(seed, count, work, prepared, env))
@@ -125,10 +129,11 @@ def run_seed(seed: int, steps: list[int], work: Path) -> list[dict]:
 
 
 def table(rows: list[dict]) -> str:
-    lines = ["| seed | steps | val windows | base mIoU | fine-tuned mIoU | best constant | margin | R1@0.5 | "
-             "well-formed | passes | train s |", "|" + " --- |" * 11]
-    for row in sorted(rows, key=lambda r: (r["steps"], r["seed"])):
-        lines.append(f"| {row['seed']} | {row['steps']} | {row['windows']} | {row['base_mIoU']:.3f} | {row['mIoU']:.3f} | "
+    lines = ["| seed | pretraining steps | held-out exact | steps | val windows | base mIoU | fine-tuned mIoU | "
+             "best constant | margin | R1@0.5 | well-formed | passes | train s |", "|" + " --- |" * 13]
+    for row in sorted(rows, key=lambda r: (r["pretrain_steps"], r["steps"], r["seed"])):
+        lines.append(f"| {row['seed']} | {row['pretrain_steps']} | {row['held_out_exact_match']:.3f} | {row['steps']} | "
+                     f"{row['windows']} | {row['base_mIoU']:.3f} | {row['mIoU']:.3f} | "
                      f"{row['best_constant_mIoU']:.3f} | {row['margin']:+.3f} | {row['R1@0.5']:.3f} | "
                      f"{row['well_formed']:.3f} | {'yes' if passes(row) else 'NO'} | {row['train_s']:.0f} |")
     return "\n".join(lines)
@@ -138,20 +143,25 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3])
     parser.add_argument("--steps", type=int, nargs="+", default=[200])
+    parser.add_argument("--pretrain-steps", type=int, nargs="+", default=[None],
+                        help="demo.pretrain.steps to try (default: the learning config's)")
     parser.add_argument("--jobs", type=int, default=1, help="seeds run at once")
     parser.add_argument("--work", type=Path, required=True)
     parser.add_argument("--json", type=Path, help="write every row here too")
     args = parser.parse_args()
+    pipelines = [(seed, pretrain) for pretrain in args.pretrain_steps for seed in args.seeds]
     with ThreadPoolExecutor(args.jobs) as pool:
-        done = list(pool.map(lambda seed: run_seed(seed, args.steps, args.work / f"seed{seed}"), args.seeds))
+        done = list(pool.map(lambda pair: run_seed(*pair, args.steps, args.work / f"seed{pair[0]}-pretrain{pair[1]}"),
+                             pipelines))
     rows = [row for rows in done for row in rows]
     if args.json:
         args.json.write_text(json.dumps({"command": command_line(), "machine": machine(), "rows": rows}, indent=1))
     print(f"\n{command_line()}\n{machine()}\n\n{table(rows)}")
-    for count in args.steps:
-        margins = [row["margin"] for row in rows if row["steps"] == count]
-        print(f"{count} steps: margin over the best constant min {min(margins):+.3f}, mean "
-              f"{sum(margins) / len(margins):+.3f} over {len(margins)} seeds (the test asks {MARGIN:+.2f})")
+    for pretrain in sorted({row["pretrain_steps"] for row in rows}):
+        for count in args.steps:
+            margins = [row["margin"] for row in rows if row["steps"] == count and row["pretrain_steps"] == pretrain]
+            print(f"pretraining {pretrain}, {count} steps: margin over the best constant min {min(margins):+.3f}, "
+                  f"mean {sum(margins) / len(margins):+.3f} over {len(margins)} seeds (the test asks {MARGIN:+.2f})")
     return 0
 
 
