@@ -288,7 +288,7 @@ def run_mode(name, batches_of, rows, model, optimizer, video_processor, position
     ahead = BatchesAhead(lambda indices: [rows[i] for i in indices], 0, video_processor, device,
                          None if name == "savvy" else positions, pack=name.startswith("packed"))
     loss_of = model_loss if name == "savvy" else supervised_loss
-    steps, profile = [], None
+    steps, profile, first_loss = [], None, None
     for number, indices in enumerate(batches_of):
         profiler = start_profiler(device) if profiled_step(opts, number, len(batches_of)) else None
         started = time.perf_counter()
@@ -300,7 +300,8 @@ def run_mode(name, batches_of, rows, model, optimizer, video_processor, position
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        loss.item()  # the step's end on the device
+        value = loss.item()  # the step's end on the device
+        first_loss = value if number == 0 else first_loss
         if profiler is not None:
             profile = write_step_profile(profiler, device, opts.profile, name, time.perf_counter() - started)
             print(f"{name}: profiled micro-batch {number} ({tokens_in(batch)} tokens): {json.dumps(profile)}",
@@ -310,6 +311,7 @@ def run_mode(name, batches_of, rows, model, optimizer, video_processor, position
                           "slots": batch["input_ids"].numel(), "samples": len(indices), "flops": flops_of(indices)})
     ahead.close()
     peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
+    reserved = torch.cuda.max_memory_reserved(device) / 2**30 if device.type == "cuda" else None
     seconds = sum(s["seconds"] for s in steps)
     return {"mode": name, "micro_batches": len(steps), "samples": sum(s["samples"] for s in steps),
             "tokens_per_second": sum(s["tokens"] for s in steps) / seconds,
@@ -317,6 +319,7 @@ def run_mode(name, batches_of, rows, model, optimizer, video_processor, position
             "padding_share": 1 - sum(s["tokens"] for s in steps) / sum(s["slots"] for s in steps),
             "data_wait_share": sum(s["waited"] for s in steps) / seconds,
             "median_step_seconds": statistics.median(s["seconds"] for s in steps), "peak_allocated_gib": peak,
+            "peak_reserved_gib": reserved, "first_loss": first_loss,
             "model_flops_per_second": sum(s["flops"] for s in steps) / seconds, "profile": profile,
             **attention}
 

@@ -357,6 +357,10 @@ def main() -> None:
     parser.add_argument("--search-first", action="store_true", help="run the searches before the throughput runs")
     parser.add_argument("--deadline-s", type=float, default=1e9, help="skip runs that would end after this")
     parser.add_argument("--no-check", action="store_true", help="skip the standalone kernel check")
+    parser.add_argument("--cap-gib", type=float, default=0.0,
+                        help="the throughput runs under train.memory_cap_gib (a simulated card of this size)")
+    parser.add_argument("--planned-frames", action="store_true",
+                        help="run at the frame count the probe plans for one --cap-gib card, not --frames")
     parser.add_argument("--peak-tflops", type=float, default=H200_BF16_PEAK / 1e12,
                         help="the GPU's spec dense bf16 peak, MFU's and HFU's denominator (H200: 989)")
     parser.add_argument("--work", type=Path, default=ROOT / "results" / "throughput")
@@ -386,10 +390,15 @@ def main() -> None:
             {"failed": (args.out / "kernel_check.log").read_text()[-1500:]}
         bench.save()
     def throughput():
-        for frames in args.frames:
+        frame_counts = args.frames
+        if args.planned_frames:  # the frame count the probe plans for one card of --cap-gib
+            _, data = bench.samples(max(args.frames), args.cap_gib)
+            plan = json.loads((data / "probe" / "probe.json").read_text())["memory"]["per_world_size"]
+            frame_counts = [plan[str(args.gpus)]["largest_frames_under_limit"]]
+        for frames in frame_counts:
             run = results["runs"].setdefault(str(frames), {})
             for name in args.trainers:
-                run[name] = bench.run(name, frames, args.steps)
+                run[name] = bench.run(name, frames, args.steps, args.cap_gib)
                 bench.save()
 
     def searches():

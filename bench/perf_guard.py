@@ -1,0 +1,198 @@
+"""The performance guard: the standard GPU cases, the last accepted figures beside the new ones, and a
+failure where speed dropped or memory grew.
+
+    python bench/perf_guard.py --out $OUT                    # run the cases, compare with the ledger
+    python bench/perf_guard.py --out $OUT --record           # and, if nothing regressed, append the run
+    python bench/perf_guard.py --out $OUT --record --reason "packed 4% slower: the loss now ..."
+
+Run it on a GPU before landing a change to the train stage, the kernels, sample reading or batching
+(README, *Development*). The cases, on one GPU, each with the train stage's own code:
+
+* ``fixed128``: Qwen3.5-4B (random weights, published architecture) at 128 frames per window, fixed
+  length, the train stage on one GPU (``bench/train_throughput.py --trainers ours``);
+* ``packed``: the mixed-length QVHighlights-shaped set in packs of 16k tokens (``bench/packing.py
+  --modes packed``);
+* ``plan12``: the one-GPU 12 GiB plan: the train stage under ``train.memory_cap_gib: 12`` at the frame
+  count the probe plans for that card (``bench/train_throughput.py --cap-gib 12``).
+
+Per case: tokens/s (median step after the first), step seconds, peak allocated and reserved GiB, and
+the step-0 loss. The ledger, ``bench/perf_ledger.jsonl``, holds one line per accepted run: date, commit,
+machine kind, GPU and driver, package versions, the cases' figures, and the reason for any accepted
+loss. The new figures are held to the last accepted line of the same GPU model: a case fails when its
+tokens/s is more than ``SPEED_DROP`` (3%) under it or its peak reserved memory more than
+``MEMORY_RISE`` (2%) over it, unless ``--reason`` says what the change bought; then ``--record``
+writes the reason into the ledger beside the figures. A changed step-0 loss is shown, not failed:
+a change to the math is the golden-loss tests' business (tests/stages/test_train_verify.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parent
+ROOT = BENCH.parent
+LEDGER = BENCH / "perf_ledger.jsonl"
+SPEED_DROP = 0.03  # tokens/s may fall this much (a fraction) before the guard fails
+MEMORY_RISE = 0.02  # peak reserved memory may grow this much
+MODEL = BENCH / "configs" / "Qwen3.5-4B.json"
+CASES = ("fixed128", "packed", "plan12")
+PACKAGES = ("torch", "triton", "transformers", "deepspeed", "peft", "fla-core")
+
+
+# ---------------------------------------------------------------- the comparison (no GPU needed)
+
+
+def last_accepted(ledger: list[dict], gpu: str) -> dict | None:
+    """The newest ledger entry made on this GPU model: figures from another card say nothing here."""
+    same = [entry for entry in ledger if entry.get("gpu") == gpu]
+    return same[-1] if same else None
+
+
+def compare(old: dict | None, new: dict) -> list[dict]:
+    """One row per case and figure: the old value, the new one, the change and whether it fails the guard."""
+    rows = []
+    for case, figures in new.items():
+        before = (old or {}).get("cases", {}).get(case, {})
+        for figure, value in figures.items():
+            previous = before.get(figure)
+            change = None if previous in (None, 0) or value is None else value / previous - 1
+            fails = change is not None and ((figure == "tokens_per_second" and change < -SPEED_DROP)
+                                            or (figure == "peak_reserved_gib" and change > MEMORY_RISE))
+            rows.append({"case": case, "figure": figure, "old": previous, "new": value, "change": change,
+                         "fails": fails})
+    return rows
+
+
+def verdict(rows: list[dict], reason: str | None) -> tuple[bool, str]:
+    """Whether the run may stand (and be recorded), and why."""
+    failed = [f"{r['case']} {r['figure']} {r['change']:+.1%}" for r in rows if r["fails"]]
+    if not failed:
+        return True, "no case is slower by more than 3% or larger by more than 2%"
+    if reason:
+        return True, f"accepted with a reason ({reason}): " + ", ".join(failed)
+    return False, ("regressed: " + ", ".join(failed) + ". Find the cause, or say what the change buys with "
+                   "--reason \"...\" (it goes into the ledger)")
+
+
+def table(rows: list[dict]) -> str:
+    def shown(value):
+        return "-" if value is None else f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.4g}"
+
+    lines = ["| case | figure | last accepted | this run | change | |", "| --- | --- | ---: | ---: | ---: | --- |"]
+    lines += [f"| {r['case']} | {r['figure']} | {shown(r['old'])} | {shown(r['new'])} | "
+              f"{'-' if r['change'] is None else format(r['change'], '+.1%')} | {'FAILS' if r['fails'] else ''} |"
+              for r in rows]
+    return "\n".join(lines)
+
+
+def read_ledger(path: Path = LEDGER) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+
+
+def append(entry: dict, path: Path = LEDGER) -> None:
+    with open(path, "a") as handle:
+        handle.write(json.dumps(entry, sort_keys=True) + "\n")
+
+
+# ---------------------------------------------------------------- the cases (on the GPU)
+
+
+def step_figures(per_rank: dict, tokens_per_second: float, loss: float) -> dict:
+    ranks = list(per_rank.values())
+    return {"tokens_per_second": tokens_per_second,
+            "step_seconds": statistics.median(r["step_seconds"] for r in ranks),
+            "peak_allocated_gib": max(r["peak_allocated_gib"] for r in ranks),
+            "peak_reserved_gib": max(r["peak_reserved_gib"] for r in ranks), "step0_loss": loss}
+
+
+def train_stage_case(out: Path, work: Path, frames: list[int], cap_gib: float | None) -> dict:
+    """The train stage on one GPU through bench/train_throughput.py; its figures at the run's frame count."""
+    command = [sys.executable, str(BENCH / "train_throughput.py"), "--config", str(MODEL), "--gpus", "1",
+               "--steps", "6", "--trainers", "ours", "--no-check", "--work", str(work), "--out", str(out)]
+    command += ["--cap-gib", str(cap_gib), "--planned-frames"] if cap_gib else ["--frames", *map(str, frames)]
+    subprocess.run(command, check=True, cwd=ROOT)
+    results = json.loads((out / "train_throughput.json").read_text())
+    (frame_count, run), = results["runs"].items()
+    facts = run["ours"]
+    if "per_rank" not in facts:
+        raise RuntimeError(f"{out}: the train stage did not run: {facts}")
+    return {**step_figures(facts["per_rank"], facts["tokens_per_second"], facts["step0"]["loss"]),
+            "frames": int(frame_count)}
+
+
+def packed_case(out: Path) -> dict:
+    """The mixed-length set in packs, through bench/packing.py (its last JSON line is the packed mode's)."""
+    command = [sys.executable, str(BENCH / "packing.py"), "--model-config", str(MODEL), "--device", "cuda",
+               "--modes", "packed", "--no-results"]
+    shown = subprocess.run(command, check=True, cwd=ROOT, capture_output=True, text=True).stdout
+    (out / "packing.log").write_text(shown)
+    result = [json.loads(line) for line in shown.splitlines() if line.startswith("{")][-1]
+    return {"tokens_per_second": result["tokens_per_second"], "step_seconds": result["median_step_seconds"],
+            "peak_allocated_gib": result["peak_allocated_gib"], "peak_reserved_gib": result["peak_reserved_gib"],
+            "step0_loss": result["first_loss"]}
+
+
+def machine() -> dict:
+    """What the figures depend on besides the code: GPU model, driver, packages."""
+    import importlib.metadata
+
+    import torch
+
+    def version(name):
+        try:
+            return importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            return None
+
+    driver = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                            capture_output=True, text=True).stdout.strip().splitlines()
+    return {"gpu": torch.cuda.get_device_name(0), "driver": driver[0] if driver else None,
+            "packages": {name: version(name) for name in PACKAGES}}
+
+
+def commit() -> str:
+    def git(*args):
+        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+
+    dirty = git("status", "--porcelain", "--untracked-files=no", "--", ".", ":!bench/perf_ledger.jsonl")
+    return (git("rev-parse", "--short", "HEAD") or "unknown") + (" (modified)" if dirty else "")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, required=True, help="where each case writes its results and logs")
+    parser.add_argument("--cases", nargs="+", choices=CASES, default=list(CASES))
+    parser.add_argument("--kind", default="nvidia-h200", help="the machine kind, for the ledger")
+    parser.add_argument("--record", action="store_true", help="append this run to the ledger if it may stand")
+    parser.add_argument("--reason", help="what a slower or larger case buys (correctness, memory, ...)")
+    args = parser.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    runs = {"fixed128": lambda: train_stage_case(args.out / "fixed128", args.out / "work", [128], None),
+            "packed": lambda: packed_case(args.out),
+            "plan12": lambda: train_stage_case(args.out / "plan12", args.out / "work", [], 12.0)}
+    facts = machine()
+    new = {case: runs[case]() for case in args.cases}
+    old = last_accepted(read_ledger(), facts["gpu"])
+    rows = compare(old, new)
+    ok, why = verdict(rows, args.reason)
+    print(f"performance guard, {facts['gpu']} (driver {facts['driver']}), commit {commit()}; last accepted: "
+          + (f"{old['commit']} of {old['date']}" if old else "none on this GPU model") + "\n")
+    print(table(rows))
+    print(f"\n{'ok' if ok else 'FAILED'}: {why}")
+    entry = {"date": dt.date.today().isoformat(), "commit": commit(), "kind": args.kind, **facts, "cases": new,
+             "reason": args.reason}
+    (args.out / "perf_guard.json").write_text(json.dumps({"entry": entry, "rows": rows, "ok": ok}, indent=1))
+    if ok and args.record:
+        append(entry)
+        print(f"recorded in {LEDGER.relative_to(ROOT)}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,52 @@
+"""The performance guard's judgement, on recorded figures (the cases themselves need a GPU)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+sys.path.insert(0, str(BENCH))
+
+import perf_guard  # noqa: E402
+
+OLD = {"gpu": "NVIDIA H200", "commit": "abc1234", "date": "2026-12-01",
+       "cases": {"fixed128": {"tokens_per_second": 12000.0, "peak_reserved_gib": 10.0, "step0_loss": 12.85}}}
+
+
+def new(tokens_per_second: float, reserved: float) -> dict:
+    return {"fixed128": {"tokens_per_second": tokens_per_second, "peak_reserved_gib": reserved, "step0_loss": 12.85}}
+
+
+def failing(rows):
+    return [(row["case"], row["figure"]) for row in rows if row["fails"]]
+
+
+def test_a_drop_over_three_percent_or_a_rise_over_two_fails():
+    assert failing(perf_guard.compare(OLD, new(11_600, 10.0))) == [("fixed128", "tokens_per_second")]  # -3.3%
+    assert failing(perf_guard.compare(OLD, new(11_700, 10.0))) == []  # -2.5%
+    assert failing(perf_guard.compare(OLD, new(12_000, 10.25))) == [("fixed128", "peak_reserved_gib")]  # +2.5%
+    assert failing(perf_guard.compare(OLD, new(13_000, 10.15))) == []  # faster, +1.5% memory
+    loss = next(r for r in perf_guard.compare(OLD, new(12_000, 10.0)) if r["figure"] == "step0_loss")
+    assert loss["change"] == 0 and not loss["fails"]  # shown, never failed: the golden-loss tests judge the math
+
+
+def test_a_regression_stands_only_with_a_reason_and_the_first_run_sets_the_bar():
+    rows = perf_guard.compare(OLD, new(11_000, 10.0))
+    ok, why = perf_guard.verdict(rows, None)
+    assert not ok and "fixed128 tokens_per_second -8.3%" in why and "--reason" in why
+    ok, why = perf_guard.verdict(rows, "exact per-sample losses")
+    assert ok and why.startswith("accepted with a reason (exact per-sample losses)")
+    first = perf_guard.compare(None, new(11_000, 10.0))
+    assert all(row["old"] is None and row["change"] is None for row in first) and perf_guard.verdict(first, None)[0]
+
+
+def test_the_bar_is_the_newest_entry_of_the_same_gpu_model(tmp_path):
+    ledger = tmp_path / "ledger.jsonl"
+    for entry in (OLD, {**OLD, "commit": "def5678"}, {**OLD, "gpu": "NVIDIA H100", "commit": "0000000"}):
+        perf_guard.append(entry, ledger)
+    entries = perf_guard.read_ledger(ledger)
+    assert len(entries) == 3 and perf_guard.last_accepted(entries, "NVIDIA H200")["commit"] == "def5678"
+    assert perf_guard.last_accepted(entries, "NVIDIA A100") is None
+    shown = perf_guard.table(perf_guard.compare(entries[1], new(11_000, 10.0)))
+    assert "| fixed128 | tokens_per_second | 12,000 | 11,000 | -8.3% | FAILS |" in shown
