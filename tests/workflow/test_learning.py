@@ -9,20 +9,42 @@ is reloaded with its adapter can score well on other videos' windows.
 from __future__ import annotations
 
 import json
+import re
+from collections import Counter
+from pathlib import Path
 
 import pytest
 
 from conftest import copy_checkout, snakemake
 
+pytestmark = pytest.mark.slow
 MARGIN = 0.2
+WARNING = re.compile(r"warn", re.IGNORECASE)
 
 
-@pytest.mark.slow
-def test_the_fine_tune_learns_to_ground_windows_of_videos_it_never_saw(tmp_path):
-    workdir = copy_checkout(tmp_path)
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory) -> Path:
+    """The learning config's whole pipeline, as a user runs it."""
+    workdir = copy_checkout(tmp_path_factory.mktemp("learning"))
     result = snakemake(workdir, "--cores", "2", "--configfile", "workflow/configs/learning.yaml", timeout=1800)
     logs = "\n".join(f"--- {p}\n{p.read_text()[-2000:]}" for p in sorted((workdir / "logs").rglob("*.log")))
     assert result.returncode == 0, result.stderr[-3000:] + logs
+    return workdir
+
+
+def test_the_train_log_holds_no_warning_twice_over_its_steps(workdir):
+    """200 steps of progress lines and real problems: the warnings nobody can act on, repeated every step
+    before, are silenced once at the start and named in the run record."""
+    log = (workdir / "logs" / "train" / "train.log").read_text().splitlines()
+    record = json.loads((workdir / "results" / "train" / "run_record.json").read_text())
+    assert record["results"]["steps"] >= 50
+    warnings = Counter(line for line in log if WARNING.search(line))
+    assert not {line: count for line, count in warnings.items() if count > 2}, warnings  # once per rank at most
+    assert sum(warnings.values()) <= 6, warnings  # a handful at start-up, none per step
+    assert any("collectives DeepSpeed" in why for why in record["quieted_warnings"])
+
+
+def test_the_fine_tune_learns_to_ground_windows_of_videos_it_never_saw(workdir):
 
     pretraining = json.loads((workdir / "data/demo/demo.json").read_text())["model"]["pretraining"]
     assert pretraining["held_out_exact_match"] >= 0.5, pretraining
