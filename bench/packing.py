@@ -173,7 +173,7 @@ def build(config, device, dtype, longest: int, opts):
                "packed_attention": packed_attention.bind(model)}  # as train binds it with pack_tokens
     if opts.checkpointing:
         enable_checkpointing(model, offload=False, pin_memory=False)
-    lora = {**config_lib.resolve({})["lora"], "dropout": 0.0}
+    lora = config_lib.section("lora", {"dropout": 0.0})
     model, _ = add_lora(model, lora, 0)
     model.train()
     trainable = [p for p in model.parameters() if p.requires_grad]

@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -43,6 +44,11 @@ MEMORY_RISE = 0.02  # peak reserved memory may grow this much
 MODEL = BENCH / "configs" / "Qwen3.5-4B.json"
 CASES = ("fixed128", "packed", "plan12")
 PACKAGES = ("torch", "triton", "transformers", "deepspeed", "peft", "fla-core")
+
+
+def environment() -> dict:
+    """This checkout's package ahead of any installed one, for the stages the cases start."""
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "src"), os.environ.get("PYTHONPATH")]))}
 
 
 # ---------------------------------------------------------------- the comparison (no GPU needed)
@@ -116,7 +122,7 @@ def train_stage_case(out: Path, work: Path, frames: list[int], cap_gib: float | 
     command = [sys.executable, str(BENCH / "train_throughput.py"), "--config", str(MODEL), "--gpus", "1",
                "--steps", "6", "--trainers", "ours", "--no-check", "--work", str(work), "--out", str(out)]
     command += ["--cap-gib", str(cap_gib), "--planned-frames"] if cap_gib else ["--frames", *map(str, frames)]
-    subprocess.run(command, check=True, cwd=ROOT)
+    subprocess.run(command, check=True, cwd=ROOT, env=environment())
     results = json.loads((out / "train_throughput.json").read_text())
     (frame_count, run), = results["runs"].items()
     facts = run["ours"]
@@ -130,8 +136,11 @@ def packed_case(out: Path) -> dict:
     """The mixed-length set in packs, through bench/packing.py (its last JSON line is the packed mode's)."""
     command = [sys.executable, str(BENCH / "packing.py"), "--model-config", str(MODEL), "--device", "cuda",
                "--modes", "packed", "--no-results"]
-    shown = subprocess.run(command, check=True, cwd=ROOT, capture_output=True, text=True).stdout
-    (out / "packing.log").write_text(shown)
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, env=environment())
+    (out / "packing.log").write_text(done.stdout + done.stderr)
+    if done.returncode:
+        raise RuntimeError(f"bench/packing.py failed; its output: {out / 'packing.log'}\n{done.stderr[-2000:]}")
+    shown = done.stdout
     result = [json.loads(line) for line in shown.splitlines() if line.startswith("{")][-1]
     return {"tokens_per_second": result["tokens_per_second"], "step_seconds": result["median_step_seconds"],
             "peak_allocated_gib": result["peak_allocated_gib"], "peak_reserved_gib": result["peak_reserved_gib"],
@@ -171,13 +180,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kind", default="nvidia-h200", help="the machine kind, for the ledger")
     parser.add_argument("--record", action="store_true", help="append this run to the ledger if it may stand")
     parser.add_argument("--reason", help="what a slower or larger case buys (correctness, memory, ...)")
+    parser.add_argument("--work", type=Path, help="the checkpoint and samples (default OUT/work; reused when there)")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
-    runs = {"fixed128": lambda: train_stage_case(args.out / "fixed128", args.out / "work", [128], None),
+    work = args.work or args.out / "work"
+    runs = {"fixed128": lambda: train_stage_case(args.out / "fixed128", work, [128], None),
             "packed": lambda: packed_case(args.out),
-            "plan12": lambda: train_stage_case(args.out / "plan12", args.out / "work", [], 12.0)}
+            "plan12": lambda: train_stage_case(args.out / "plan12", work, [], 12.0)}
     facts = machine()
-    new = {case: runs[case]() for case in args.cases}
+    new = {}
+    for case in args.cases:
+        new[case] = runs[case]()
+        print(json.dumps({case: new[case]}), flush=True)  # a run stopped later keeps the cases done
     old = last_accepted(read_ledger(), facts["gpu"])
     rows = compare(old, new)
     ok, why = verdict(rows, args.reason)

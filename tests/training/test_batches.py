@@ -95,3 +95,29 @@ def test_without_a_position_function_the_model_computes_positions_itself():
     batches.close()
     assert "position_ids" not in taken
     assert taken["input_ids"].tolist()[1] == [1, 2, 3, 0, 0]  # padded to the longest
+
+
+@pytest.mark.parametrize("pack", [False, True])
+def test_pixels_made_where_the_batch_is_taken_equal_the_host_threads(pack):
+    """The GPU path (the thread decodes, `take` runs the processor where the batch goes) on the CPU:
+    the same keys and the same values, padded or packed, so only where the work runs changes."""
+    rows = [sample("a", 5, 0), sample("b", 9, 1)]
+    made = {}
+    for on_device in (False, True):
+        batches = BatchesAhead(Store(rows), pad_id=0, video_processor=VIDEO_PROCESSOR, device=torch.device("cpu"),
+                               positions=Recorder(), pack=pack, pixels_on_device=on_device)
+        batches.announce([0, 1])
+        made[on_device] = batches.take([0, 1])
+        batches.close()
+    assert set(made[True]) == set(made[False])
+    assert all(torch.equal(made[True][key], made[False][key]) for key in made[False])
+    assert made[True]["pixel_values_videos"].shape[0] == 2 * 4  # two samples of 2x32x32: 1x2x2 patches each
+
+
+def test_pixels_made_where_taken_refuse_a_grid_other_than_the_samples():
+    wrong = {**sample("b", 5, 1), "video_grid_thw": [1, 4, 4]}
+    batches = BatchesAhead(Store([wrong]), pad_id=0, video_processor=VIDEO_PROCESSOR, device=torch.device("cpu"),
+                           pixels_on_device=True)
+    with pytest.raises(Exception, match="sample b: the video processor makes grid \\[1, 2, 2\\]"):
+        batches.take([0])
+    batches.close()

@@ -66,9 +66,17 @@ def frames_of(row: dict):
 def pixel_values_videos(row: dict, video_processor):
     """The sample's ``pixel_values_videos`` as float16, rebuilt from its stored frames; refuses a
     processor whose grid differs from the one the sample was made with."""
-    made = video_processor(videos=[frames_of(row)], do_resize=False, do_sample_frames=False, return_tensors="pt")
-    grid = [int(v) for v in made["video_grid_thw"][0]]
-    if grid != list(row["video_grid_thw"]):
-        raise InputError(f"sample {row['window_id']}: the video processor makes grid {grid} of its frames, the sample "
-                        f"was made with {list(row['video_grid_thw'])}; preprocess again with this model")
+    return pixels_of_frames(frames_of(row), row["video_grid_thw"], video_processor, row["window_id"])
+
+
+def pixels_of_frames(frames, grid: list, video_processor, window_id: str):
+    """``pixel_values_videos`` (float16) of decoded frames, on the frames' device: on a GPU the
+    processor's rescale, normalisation and patching (exact float32 operations, the same values as on the
+    host) leave the host's cores to the step that launches the device's work."""
+    made = video_processor(videos=[frames], do_resize=False, do_sample_frames=False, return_tensors="pt",
+                           device=frames.device)
+    made_grid = [int(v) for v in made["video_grid_thw"][0]]
+    if made_grid != [int(v) for v in grid]:
+        raise InputError(f"sample {window_id}: the video processor makes grid {made_grid} of its frames, the sample "
+                         f"was made with {list(grid)}; preprocess again with this model")
     return made["pixel_values_videos"].half()

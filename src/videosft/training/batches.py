@@ -16,14 +16,19 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Callable
 
 from ..encoding.chat import IGNORE_INDEX
-from ..media.pixels import pixel_values_videos
+from ..media.pixels import frames_of, pixel_values_videos, pixels_of_frames
+
+# A host batch made for a GPU carries each sample's decoded uint8 frames (and its window id, for errors)
+# instead of its pixels: the processor runs on the device (BatchesAhead.take).
+FRAMES, WINDOW_IDS = "video_frames", "window_ids"
 
 
-def collate(rows: list[dict], pad_id: int, video_processor, left: bool = False) -> dict:
+def collate(rows: list[dict], pad_id: int, video_processor, left: bool = False, frames_only: bool = False) -> dict:
     """Host tensors for a list of samples; pixels are rebuilt from the stored frames by
     ``video_processor`` (:mod:`videosft.media.pixels`) and stay float16 (the model casts them to its own
     dtype on the device: float16 widens exactly, so the model sees the same values).
-    ``left`` pads on the left, as batched generation needs (every prompt ends where answers begin)."""
+    ``left`` pads on the left, as batched generation needs (every prompt ends where answers begin).
+    ``frames_only`` keeps the decoded frames (``FRAMES``) for the device to make the pixels of."""
     import torch
 
     length = max(len(row["input_ids"]) for row in rows)
@@ -40,15 +45,18 @@ def collate(rows: list[dict], pad_id: int, video_processor, left: bool = False) 
         "labels": padded("labels", IGNORE_INDEX, torch.long),
         "attention_mask": torch.tensor([pad([1] * len(row["input_ids"]), 0) for row in rows]),
         "mm_token_type_ids": padded("mm_token_type_ids", 0, torch.int),
-        "pixel_values_videos": torch.cat([pixel_values_videos(row, video_processor) for row in rows]),
         "video_grid_thw": torch.tensor([row["video_grid_thw"] for row in rows], dtype=torch.long),
     }
+    if frames_only:
+        batch[FRAMES], batch[WINDOW_IDS] = [frames_of(row) for row in rows], [row["window_id"] for row in rows]
+    else:
+        batch["pixel_values_videos"] = torch.cat([pixel_values_videos(row, video_processor) for row in rows])
     if rows[0].get("second_per_grid") is not None:  # Qwen2.5-VL's time step; without it the model assumes 1 s
         batch["second_per_grid_ts"] = torch.tensor([row["second_per_grid"] for row in rows])
     return batch
 
 
-def collate_pack(rows: list[dict], video_processor, positions) -> dict:
+def collate_pack(rows: list[dict], video_processor, positions, frames_only: bool = False) -> dict:
     """One row of several samples, no padding (``train.pack_tokens``), with what keeps them apart:
 
     * ``position_ids`` (4, 1, tokens): each sample's multimodal positions, computed alone by the
@@ -66,7 +74,7 @@ def collate_pack(rows: list[dict], video_processor, positions) -> dict:
 
     if positions is None:
         raise ValueError("packed samples need the model's multimodal position function (host_positions)")
-    alone = [collate([row], 0, video_processor) for row in rows]
+    alone = [collate([row], 0, video_processor, frames_only=frames_only) for row in rows]
     labels = []
     for row in rows:
         labels += [IGNORE_INDEX] + list(row["labels"][1:])
@@ -77,11 +85,14 @@ def collate_pack(rows: list[dict], video_processor, positions) -> dict:
         "input_ids": torch.cat([b["input_ids"] for b in alone], dim=1),
         "labels": torch.tensor([labels], dtype=torch.long),
         "mm_token_type_ids": torch.cat([b["mm_token_type_ids"] for b in alone], dim=1),
-        "pixel_values_videos": torch.cat([b["pixel_values_videos"] for b in alone]),
         "video_grid_thw": torch.cat([b["video_grid_thw"] for b in alone]),
         "position_ids": torch.cat([text, multimodal]),
         "cu_seq_lens_q": torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.long),
     }
+    if frames_only:
+        batch[FRAMES], batch[WINDOW_IDS] = [b[FRAMES][0] for b in alone], [b[WINDOW_IDS][0] for b in alone]
+    else:
+        batch["pixel_values_videos"] = torch.cat([b["pixel_values_videos"] for b in alone])
     if "second_per_grid_ts" in alone[0]:
         batch["second_per_grid_ts"] = torch.cat([b["second_per_grid_ts"] for b in alone])
     return batch
@@ -110,17 +121,19 @@ def host_positions(model) -> Callable[[dict], object] | None:
     return positions
 
 
-def prepare(rows: list[dict], pad_id: int, video_processor, positions, pin: bool, pack: bool = False) -> dict:
+def prepare(rows: list[dict], pad_id: int, video_processor, positions, pin: bool, pack: bool = False,
+            frames_only: bool = False) -> dict:
     if pack:
-        batch = collate_pack(rows, video_processor, positions)
+        batch = collate_pack(rows, video_processor, positions, frames_only)
     else:
-        batch = collate(rows, pad_id, video_processor)
+        batch = collate(rows, pad_id, video_processor, frames_only=frames_only)
     if positions is not None and not pack:
         position_ids = positions(batch)
         if position_ids is not None:
             batch["position_ids"] = position_ids
     if pin:  # page-locked, so the copy to the device runs asynchronously and at full speed
-        batch = {key: value.pin_memory() for key, value in batch.items()}
+        batch = {key: value if key == WINDOW_IDS else [v.pin_memory() for v in value] if key == FRAMES
+                 else value.pin_memory() for key, value in batch.items()}
     return batch
 
 
@@ -132,30 +145,46 @@ class BatchesAhead:
     `take(positions)` returns the device batch (read and prepared now if it was not announced), and
     `announce(positions)` starts reading and preparing the next one. Announcing a different batch
     than the one later taken is harmless: the stale one is discarded.
+
+    With ``pixels_on_device`` (the default on a GPU) the host thread only decodes the frames; `take`
+    makes their pixels on the device. On the host the processor's float work for a 128-frame sample
+    (about 0.6 s on 16 cores) ran beside the step and slowed its launches: the step was 12% slower
+    whenever a batch was being prepared (bench/RESULTS.md, issue 30).
     """
 
     def __init__(self, read: Callable[[list[int]], list[dict]], pad_id: int, video_processor, device, positions=None,
-                 pack: bool = False):
+                 pack: bool = False, pixels_on_device: bool | None = None):
         self.read, self.pad_id, self.video_processor, self.device, self.positions = \
             read, pad_id, video_processor, device, positions
         self.pack = pack  # each batch is one pack of its rows (collate_pack)
         self.pin = device.type == "cuda"
+        self.pixels_on_device = self.pin if pixels_on_device is None else pixels_on_device
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="batches-ahead")
         self.pending: tuple[list[int], Future] | None = None
 
     def _read_and_prepare(self, positions: list[int]) -> dict:
-        return prepare(self.read(positions), self.pad_id, self.video_processor, self.positions, self.pin, self.pack)
+        return prepare(self.read(positions), self.pad_id, self.video_processor, self.positions, self.pin, self.pack,
+                       self.pixels_on_device)
 
     def announce(self, positions: list[int]) -> None:
         self.pending = (list(positions), self.pool.submit(self._read_and_prepare, list(positions)))
 
     def take(self, positions: list[int]) -> dict:
+        import torch
+
         if self.pending is not None and self.pending[0] == list(positions):
             host = self.pending[1].result()
         else:
             host = self._read_and_prepare(list(positions))
         self.pending = None
-        return {key: value.to(self.device, non_blocking=self.pin) for key, value in host.items()}
+        batch = {key: value.to(self.device, non_blocking=self.pin) for key, value in host.items()
+                 if key not in (FRAMES, WINDOW_IDS)}
+        if FRAMES in host:
+            grids = host["video_grid_thw"].tolist()
+            batch["pixel_values_videos"] = torch.cat([
+                pixels_of_frames(frames.to(self.device, non_blocking=self.pin), grid, self.video_processor, name)
+                for frames, grid, name in zip(host[FRAMES], grids, host[WINDOW_IDS])])
+        return batch
 
     def close(self) -> None:
         self.pool.shutdown(wait=True, cancel_futures=True)
