@@ -4,6 +4,7 @@ failure where speed dropped or memory grew.
     python bench/perf_guard.py --out $OUT                    # run the cases, compare with the ledger
     python bench/perf_guard.py --out $OUT --record           # and, if nothing regressed, append the run
     python bench/perf_guard.py --out $OUT --record --reason "packed 4% slower: the loss now ..."
+    python bench/perf_guard.py --append $OUT/perf_guard.json  # a run made on another machine, into this ledger
 
 Run it on a GPU before landing a change to the train stage, the kernels, sample reading or batching
 (README, *Development*). The cases, on one GPU, each with the train stage's own code:
@@ -97,11 +98,13 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def read_ledger(path: Path = LEDGER) -> list[dict]:
+def read_ledger(path: Path | None = None) -> list[dict]:
+    path = path or LEDGER
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
 
 
-def append(entry: dict, path: Path = LEDGER) -> None:
+def append(entry: dict, path: Path | None = None) -> None:
+    path = path or LEDGER
     with open(path, "a") as handle:
         handle.write(json.dumps(entry, sort_keys=True) + "\n")
 
@@ -173,15 +176,32 @@ def commit() -> str:
     return (git("rev-parse", "--short", "HEAD") or "unknown") + (" (modified)" if dirty else "")
 
 
+def append_run(path: Path) -> int:
+    """The ledger line of a run made on the GPU machine (whose own checkout is thrown away), if it may stand."""
+    run = json.loads(path.read_text())
+    if not run["ok"]:
+        print(f"{path}: that run regressed and gave no reason; it is not recorded", file=sys.stderr)
+        return 1
+    append(run["entry"])
+    print(f"recorded {run['entry']['commit']} ({run['entry']['gpu']}) in {LEDGER.relative_to(ROOT)}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", type=Path, required=True, help="where each case writes its results and logs")
+    parser.add_argument("--out", type=Path, help="where each case writes its results and logs")
+    parser.add_argument("--append", type=Path, metavar="PERF_GUARD_JSON",
+                        help="append a run made elsewhere (its OUT/perf_guard.json) to this checkout's ledger")
     parser.add_argument("--cases", nargs="+", choices=CASES, default=list(CASES))
     parser.add_argument("--kind", default="nvidia-h200", help="the machine kind, for the ledger")
     parser.add_argument("--record", action="store_true", help="append this run to the ledger if it may stand")
     parser.add_argument("--reason", help="what a slower or larger case buys (correctness, memory, ...)")
     parser.add_argument("--work", type=Path, help="the checkpoint and samples (default OUT/work; reused when there)")
     args = parser.parse_args(argv)
+    if args.append:
+        return append_run(args.append)
+    if args.out is None:
+        parser.error("--out is required to run the cases")
     args.out.mkdir(parents=True, exist_ok=True)
     work = args.work or args.out / "work"
     runs = {"fixed128": lambda: train_stage_case(args.out / "fixed128", work, [128], None),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -50,3 +51,15 @@ def test_the_bar_is_the_newest_entry_of_the_same_gpu_model(tmp_path):
     assert perf_guard.last_accepted(entries, "NVIDIA A100") is None
     shown = perf_guard.table(perf_guard.compare(entries[1], new(11_000, 10.0)))
     assert "| fixed128 | tokens_per_second | 12,000 | 11,000 | -8.3% | FAILS |" in shown
+
+
+def test_a_run_from_the_gpu_machine_is_appended_only_if_it_may_stand(tmp_path, monkeypatch):
+    ledger = tmp_path / "perf_ledger.jsonl"
+    monkeypatch.setattr(perf_guard, "LEDGER", ledger)
+    monkeypatch.setattr(perf_guard, "ROOT", tmp_path)
+    run = tmp_path / "perf_guard.json"
+    run.write_text(json.dumps({"ok": False, "entry": {**OLD, "commit": "bad0000"}, "rows": []}))
+    assert perf_guard.main(["--append", str(run)]) == 1 and not ledger.exists()
+    run.write_text(json.dumps({"ok": True, "entry": OLD, "rows": []}))
+    assert perf_guard.main(["--append", str(run)]) == 0
+    assert [entry["commit"] for entry in perf_guard.read_ledger(ledger)] == ["abc1234"]
