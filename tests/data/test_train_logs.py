@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from videosft.data import train_logs
 
 
@@ -22,3 +24,12 @@ def test_every_ranks_steps_are_gathered_into_one_file_and_read_back_per_rank(tmp
 
 def test_a_run_without_steps_gathers_an_empty_file(tmp_path):
     assert train_logs.read_all_steps(train_logs.write_all_steps(tmp_path)) == {}
+
+
+def test_a_damaged_line_is_named_with_its_file_and_what_to_do(tmp_path):
+    from videosft.errors import InputError
+
+    path = tmp_path / "steps.jsonl"
+    path.write_text('{"step": 0, "rank": 0}\n{"step": 1, "ra\n')
+    with pytest.raises(InputError, match=r"steps.jsonl, line 2: not a JSON entry .*snakemake --forcerun train"):
+        train_logs.read_all_steps(path)

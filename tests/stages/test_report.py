@@ -272,3 +272,15 @@ def test_the_report_stage_runs_as_a_module():
     result = subprocess.run([sys.executable, "-m", "videosft.stages.report", "--help"], capture_output=True, text=True,
                             timeout=60, cwd=PROJECT)
     assert result.returncode == 0 and "--verify" in result.stdout and "--train-steps" in result.stdout
+
+
+def test_a_damaged_step_log_is_a_placeholder_naming_its_line_without_a_traceback(inputs, tmp_path, capsys):
+    train = write_train(tmp_path / "train")
+    steps = train.parent / "steps.jsonl"
+    steps.write_text(steps.read_text() + '{"step": 9, "ra\n')  # half an entry, as a full disk leaves it
+    result = make_report(Inputs(**{**vars(inputs), "train": train, "train_steps": steps}), tmp_path / "out")
+    lines = len(steps.read_text().splitlines())
+    for figure in ("loss", "memory"):
+        assert f"steps.jsonl, line {lines}: not a JSON entry" in result["figures"][figure]["placeholder"]
+    assert any(p.startswith("loss: ") for p in result["problems"])
+    assert "Traceback" not in capsys.readouterr().err

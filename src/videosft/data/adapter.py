@@ -12,6 +12,7 @@ import os
 import shutil
 from pathlib import Path
 
+from ..errors import InputError
 from ..models.checkpoint import logical_shape
 
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
@@ -55,6 +56,23 @@ def save_adapter(model, state: dict, adapter_dir: Path) -> None:
         raise RuntimeError(f"{adapter_dir} would hold files other than the adapter: {extra}")
     shutil.rmtree(adapter_dir, ignore_errors=True)
     scratch.rename(adapter_dir)
+
+
+def check_readable(adapter_dir: Path) -> None:
+    """Refuse, naming the file, an adapter whose weights are missing or cut short (a full disk, a copy
+    stopped half way), before a base model is loaded for it."""
+    from safetensors import SafetensorError, safe_open
+
+    path = Path(adapter_dir) / ADAPTER_WEIGHTS
+    if not path.is_file():
+        raise InputError(f"{adapter_dir}: no {ADAPTER_WEIGHTS}; point to the adapter directory the train stage wrote")
+    try:
+        with safe_open(path, framework="pt") as handle:
+            for key in handle.keys():
+                handle.get_slice(key)
+    except (SafetensorError, OSError) as error:
+        raise InputError(f"{path}: not a readable safetensors file ({error}); it is damaged or was cut short. "
+                         "Run the train stage again (snakemake --forcerun train) or copy the adapter again") from None
 
 
 def adapter_files(adapter_dir: Path) -> dict:

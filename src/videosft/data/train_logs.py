@@ -17,6 +17,8 @@ import json
 import shutil
 from pathlib import Path
 
+from ..errors import InputError
+
 TENSORBOARD = "tensorboard"  # results/train/tensorboard/rank<r>
 STEPS = "steps.rank{rank}.jsonl"
 LEDGER = "ledger.rank{rank}.jsonl"
@@ -37,7 +39,18 @@ def all_steps_path(out: Path) -> Path:
 
 
 def _read(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+    if not path.exists():
+        return []
+    entries = []
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            entries.append(json.loads(line))
+        except json.JSONDecodeError as error:  # a full disk or a killed writer leaves half a line
+            raise InputError(f"{path}, line {number}: not a JSON entry ({error.msg}); the file is damaged. Run the "
+                             "train stage again (snakemake --forcerun train) to rewrite it") from None
+    return entries
 
 
 def read_steps(out: Path) -> dict[int, list[dict]]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..data.adapter import check_readable
 from .checkpoint import model_class
 
 
@@ -16,6 +17,8 @@ def load_model(model_dir: Path, adapter_dir: Path | None = None, dtype=None, mer
     import torch
     from transformers import AutoConfig
 
+    if adapter_dir is not None:
+        check_readable(adapter_dir)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     if dtype is None:
         dtype = torch.bfloat16 if device == "cuda" else torch.float32

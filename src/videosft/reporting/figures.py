@@ -7,6 +7,7 @@ import traceback
 from pathlib import Path
 from typing import Callable
 
+from ..errors import InputError
 from .drawing import Outcome, placeholder
 from .evaluation import evaluation_chart, source_time, window_evaluation
 from .inputs import Inputs, Missing
@@ -43,6 +44,9 @@ def draw(name: str, inputs: Inputs, out_dir: Path, fmt: str) -> tuple[Outcome, s
         outcome = build(inputs, out_dir, fmt)
     except Missing as missing:
         outcome = Outcome(placeholder=str(missing))
+    except InputError as error:  # a damaged input: its message says which file and what to do
+        outcome = Outcome(placeholder=str(error))
+        problem = f"{name}: {error}"
     except Exception as error:  # a figure that cannot be drawn must not hide the others
         traceback.print_exc()
         outcome = Outcome(placeholder=f"could not draw: {type(error).__name__}: {error}")

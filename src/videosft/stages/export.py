@@ -17,6 +17,7 @@ from pathlib import Path
 from .. import config as config_lib
 from ..config import View
 from ..models.checkpoint import companion_files, model_class
+from ..data.adapter import check_readable
 from ..provenance import existing_path, exit_after, run_record, stage_parser, write_json
 
 
@@ -25,6 +26,7 @@ def export(cfg: View, adapter: Path, out: Path) -> dict:
     from peft import PeftModel
     from transformers import AutoConfig
 
+    check_readable(adapter)
     model_dir = Path(cfg.model.path)
     dtype = getattr(torch, cfg.export.dtype)
     base = model_class(AutoConfig.from_pretrained(model_dir)).from_pretrained(model_dir, dtype=dtype)

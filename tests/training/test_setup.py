@@ -1,0 +1,37 @@
+"""The DeepSpeed config file as the train stage takes it: our values filled in, what cannot work refused."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from videosft import config as config_lib
+from videosft.errors import ConfigError
+from videosft.training.setup import deepspeed_config
+
+TRAIN = config_lib.section("train", {"micro_batch_size": 2, "grad_accum": 3, "grad_clip": 0.5})
+
+
+def written(tmp_path, zero: dict, **extra):
+    path = tmp_path / "zero.json"
+    path.write_text(json.dumps({"zero_optimization": zero, **extra}))
+    return path
+
+
+def test_our_values_fill_the_file_and_its_precision_follows_the_device(tmp_path):
+    ds = deepspeed_config(written(tmp_path, {"stage": 3}), TRAIN, world=4, precision="bf16")
+    assert (ds["train_micro_batch_size_per_gpu"], ds["gradient_accumulation_steps"], ds["train_batch_size"]) == (2, 3, 24)
+    assert ds["gradient_clipping"] == 0.5 and ds["bf16"]["enabled"] and not ds["fp16"]["enabled"]
+
+
+@pytest.mark.parametrize("zero, extra, message", [
+    ({"stage": 2}, {}, "zero_optimization.stage must be 3"),
+    ({"stage": 3, "offload_param": {"device": "nvme"}}, {}, "offload_param to nvme is not supported"),
+    ({"stage": 3}, {"steps_per_print": "auto"}, "no value for 'auto' keys \\['steps_per_print'\\]"),
+])
+def test_a_file_that_cannot_work_is_refused_naming_it(tmp_path, zero, extra, message):
+    path = written(tmp_path, zero, **extra)
+    with pytest.raises(ConfigError, match=message) as raised:
+        deepspeed_config(path, TRAIN, world=2, precision="fp32")
+    assert str(path) in str(raised.value)
