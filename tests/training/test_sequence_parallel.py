@@ -89,4 +89,4 @@ def test_one_run_of_video_tokens_holds_several_pairs_and_a_mismatch_is_named():
     with pytest.raises(ValueError, match="beyond the grids"):
         frame_pairs(types, [[3, 2, 4]], 2)
     # two videos of a pack: a rank holding pairs 2-4 holds the first video's last pair and two of the second's
-    assert local_videos([[3, 2, 4], [4, 2, 4]], 2, 5) == [(0, [1, 2, 4]), (1, [2, 2, 4])]
+    assert local_videos([[3, 2, 4], [4, 2, 4]], 2, 5) == [(0, 2, [1, 2, 4]), (1, 0, [2, 2, 4])]

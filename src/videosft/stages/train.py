@@ -29,7 +29,7 @@ from ..data.adapter import gathered_lora_state, lora_parameters, save_adapter
 from ..data.probe_result import read_probe
 from ..data.sample_store import SampleIndex, SampleReader, index_samples
 from ..errors import InputError
-from ..kernels import autotune, selection
+from ..kernels import autotune, selection, ulysses
 from ..media.pixels import load_video_processor
 from ..models.checkpoint import build_meta_model, load_checkpoint, pad_token_id
 from ..progress import ProgressLine
@@ -39,6 +39,7 @@ from ..training.batches import BatchesAhead, host_positions
 from ..training.memory import PlanOptions, kernel_set, memory_comparison, planned_batches
 from ..training.profiling import StepProfiles, peak_memory, reset_peak_memory
 from ..training.resume import resume_from, run_identity, save_training_state
+from ..training.sequence_shards import SequenceGroup, sequence_group
 from ..training.sampling import Cursor, DataError, check_every_rank_has_a_batch, check_ledgers, check_pack_budget, \
     epoch_plan, packed_epoch_plan
 from ..training.steps import LoraWatch, progress_note, step_entry, train_step
@@ -59,10 +60,15 @@ class Run:
     probe: dict
     index: SampleIndex
     ds_config: dict
+    sequence: SequenceGroup | None = None  # train.sequence_parallel's group of this rank, if any
 
     @property
     def train_cfg(self) -> View:
         return self.cfg.train
+
+    @property
+    def data_world(self) -> int:  # the data-parallel ranks: n ranks of a sequence-parallel group read as one
+        return self.world // self.train_cfg.sequence_parallel
 
     @property
     def pack_tokens(self) -> int | None:
@@ -73,12 +79,12 @@ class Run:
         """The seeded order every rank reads its samples in, for one epoch."""
         t = self.train_cfg
         if self.pack_tokens:
-            return packed_epoch_plan([entry.input_tokens for entry in self.index], self.world, self.pack_tokens,
+            return packed_epoch_plan([entry.input_tokens for entry in self.index], self.data_world, self.pack_tokens,
                                      t.tail, t.seed, epoch, t.smoke)
-        return epoch_plan(len(self.index), self.world, t.micro_batch_size, t.tail, t.seed, epoch, t.smoke)
+        return epoch_plan(len(self.index), self.data_world, t.micro_batch_size, t.tail, t.seed, epoch, t.smoke)
 
     def next_batch(self, cursor: Cursor) -> tuple[int, list[int]]:
-        return cursor.next_batch(self.plan_for, self.rank, self.train_cfg.micro_batch_size)
+        return cursor.next_batch(self.plan_for, self.rank // self.train_cfg.sequence_parallel, self.train_cfg.micro_batch_size)
 
     def autotune_table(self) -> tuple[Path, str, str] | None:
         """Where rank 0 keeps this GPU model's autotuning choices, and the command that made them."""
@@ -140,12 +146,14 @@ def prepare(cfg: View, samples_path: Path, probe_path: Path, out: Path) -> Run:
     index = index_samples(samples_path, "train")  # each rank reads only its own samples' frames, batch by batch
     if not len(index):
         raise DataError(f"{samples_path} lists no train samples")
-    check_every_rank_has_a_batch(len(index), world, train_cfg.micro_batch_size, train_cfg.tail, train_cfg.smoke)
+    sequence = sequence_group(Path(cfg.model.path), train_cfg, world)  # before any check that needs the data world
+    check_every_rank_has_a_batch(len(index), world // train_cfg.sequence_parallel, train_cfg.micro_batch_size,
+                                 train_cfg.tail, train_cfg.smoke)
     if train_cfg.pack_tokens:
         check_pack_budget([entry.input_tokens for entry in index], index.window_ids(), train_cfg.pack_tokens)
     precision = setup.choose_precision(train_cfg.precision)
     ds_config = setup.deepspeed_config(Path(train_cfg.deepspeed_config), train_cfg, world, precision)
-    run = Run(cfg, out, rank, world, device, precision, probe, index, ds_config)
+    run = Run(cfg, out, rank, world, device, precision, probe, index, ds_config, sequence)
     run.plan_for(0)  # a packed schedule that would leave a rank idle fails here, on every rank alike
     return run
 
@@ -171,6 +179,8 @@ def build_engine(run: Run) -> Built:
         setup.enable_checkpointing(model, offload=train_cfg.offload_activations, pin_memory=run.device.type == "cuda")
     leaf_blocks = setup.gather_whole_blocks(model) if train_cfg.gather_whole_blocks else []
     model, targets = setup.add_lora(model, run.cfg.lora, train_cfg.seed)
+    if run.sequence:
+        kernels["sequence_parallel"] = {"size": run.sequence.n, **ulysses.bind(model)}
     trainable = [p for _, p in lora_parameters(model)]
     optimizer, scheduler = setup.optimizer_and_schedule(trainable, train_cfg)
     engine, optimizer, _, scheduler = deepspeed.initialize(
@@ -208,13 +218,15 @@ def run_steps(run: Run, built: Built, cursor: Cursor, first_step: int, identity:
     model_dir = Path(run.cfg.model.path)
     reader = SampleReader(run.index)
     batches = BatchesAhead(reader.read, pad_token_id(model_dir), load_video_processor(model_dir), device,
-                           host_positions(engine.module), pack=bool(run.pack_tokens))
+                           host_positions(engine.module), pack=bool(run.pack_tokens),
+                           shard=run.sequence.shard if run.sequence else None)
     for step in range(first_step, train_cfg.steps):
         reset_peak_memory(device)
         with profiles.step(step) as timed:
             done = train_step(engine, batches, cursor, run.next_batch, run.index, rank, train_cfg.grad_accum,
                               last_step=step + 1 == train_cfg.steps,
-                              record_read=lambda epoch, i, entry: logs.read(epoch, step, i, entry.window_id))
+                              record_read=lambda epoch, i, entry: logs.read(epoch, step, i, entry.window_id),
+                              sequence=run.sequence)
         memory = peak_memory(device)
         progress.peaks.append(memory)
         entry = step_entry(step, rank, done, engine, built.scheduler, timed.seconds, memory,
@@ -258,7 +270,8 @@ def finish(run: Run, built: Built, progress: Progress, resumed_from_step: int | 
         "losses_rank0": [entry["loss"] for entry in train_logs.read_steps(run.out).get(0, [])],
         "samples": len(run.index),
         "ledger": check_ledgers(run.out, run.world, len(run.index), run.plan_for, run.index.window_ids(),
-                                train_cfg.smoke),
+                                train_cfg.smoke, train_cfg.sequence_parallel),
+        "sequence_parallel": train_cfg.sequence_parallel,
         "zero_stage": run.ds_config["zero_optimization"]["stage"], "zero3_leaf_blocks": built.leaf_blocks,
         "memory": memory_comparison(run.probe, planned_batches(run.index, run.pack_tokens and run.plan_for(0)),
                                     run.world, run.ds_config["zero_optimization"], options, all_peaks),

@@ -153,18 +153,21 @@ class BatchesAhead:
     """
 
     def __init__(self, read: Callable[[list[int]], list[dict]], pad_id: int, video_processor, device, positions=None,
-                 pack: bool = False, pixels_on_device: bool | None = None):
+                 pack: bool = False, pixels_on_device: bool | None = None,
+                 shard: Callable[[dict], dict] | None = None):
         self.read, self.pad_id, self.video_processor, self.device, self.positions = \
             read, pad_id, video_processor, device, positions
         self.pack = pack  # each batch is one pack of its rows (collate_pack)
         self.pin = device.type == "cuda"
         self.pixels_on_device = self.pin if pixels_on_device is None else pixels_on_device
+        self.shard = shard  # this rank's part of each batch (train.sequence_parallel), made on the host
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="batches-ahead")
         self.pending: tuple[list[int], Future] | None = None
 
     def _read_and_prepare(self, positions: list[int]) -> dict:
-        return prepare(self.read(positions), self.pad_id, self.video_processor, self.positions, self.pin, self.pack,
-                       self.pixels_on_device)
+        batch = prepare(self.read(positions), self.pad_id, self.video_processor, self.positions, self.pin, self.pack,
+                        self.pixels_on_device)
+        return self.shard(batch) if self.shard else batch
 
     def announce(self, positions: list[int]) -> None:
         self.pending = (list(positions), self.pool.submit(self._read_and_prepare, list(positions)))
@@ -177,8 +180,8 @@ class BatchesAhead:
         else:
             host = self._read_and_prepare(list(positions))
         self.pending = None
-        batch = {key: value.to(self.device, non_blocking=self.pin) for key, value in host.items()
-                 if key not in (FRAMES, WINDOW_IDS)}
+        batch = {key: value.to(self.device, non_blocking=self.pin) if torch.is_tensor(value) else value
+                 for key, value in host.items() if key not in (FRAMES, WINDOW_IDS)}
         if FRAMES in host:
             grids = host["video_grid_thw"].tolist()
             batch["pixel_values_videos"] = torch.cat([

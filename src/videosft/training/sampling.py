@@ -164,13 +164,17 @@ class Cursor:
         return self.epoch, batch
 
 
-def check_ledgers(out: Path, world: int, n_samples: int, plan_for, window_ids: list[str], smoke: bool = False) -> dict:
+def check_ledgers(out: Path, world: int, n_samples: int, plan_for, window_ids: list[str], smoke: bool = False,
+                  sequence_parallel: int = 1) -> dict:
     """Compare what every rank consumed with the schedule; count what was padded and dropped.
 
     Each rank's ledger must be exactly its schedule, in order; and in each epoch that every rank
     finished, the ranks together must have read every train sample (once, plus the padded
-    repeats; minus the dropped ones, which the record names).
+    repeats; minus the dropped ones, which the record names). With ``sequence_parallel`` n, the n
+    ranks of a group share the schedule of their data-parallel rank (rank // n); the first of each
+    group counts for the coverage.
     """
+    n = sequence_parallel
     consumed = {rank: read_ledger(out, rank) for rank in range(world)}
     epochs = max((row["epoch"] for rows in consumed.values() for row in rows), default=0)
     finished, padded, dropped = [], [], []
@@ -178,12 +182,12 @@ def check_ledgers(out: Path, world: int, n_samples: int, plan_for, window_ids: l
         plan = plan_for(epoch)
         by_rank = {rank: [row["index"] for row in rows if row["epoch"] == epoch] for rank, rows in consumed.items()}
         for rank, indices in by_rank.items():
-            expected = plan.per_rank[rank][: len(indices)]
+            expected = plan.per_rank[rank // n][: len(indices)]
             if indices != expected:
                 raise DataError(f"rank {rank} read {indices[:8]} in epoch {epoch}; the schedule says {expected[:8]}")
-        if all(len(by_rank[rank]) == len(plan.per_rank[rank]) for rank in range(world)):
+        if all(len(by_rank[rank]) == len(plan.per_rank[rank // n]) for rank in range(world)):
             finished.append(epoch)
-            seen = Counter(i for indices in by_rank.values() for i in indices)
+            seen = Counter(i for rank, indices in by_rank.items() if rank % n == 0 for i in indices)
             missing = set(range(n_samples)) - set(seen) - set(plan.dropped)
             if missing and not smoke:
                 raise DataError(f"epoch {epoch} finished without reading samples {sorted(missing)[:8]}")

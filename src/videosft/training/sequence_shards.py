@@ -32,6 +32,7 @@ import dataclasses
 
 from ..encoding.chat import IGNORE_INDEX
 from ..errors import ConfigError
+from .batches import FRAMES, WINDOW_IDS
 
 
 def check_sequence_parallel(n: int, world: int, text_config, micro_batch_size: int) -> None:
@@ -125,14 +126,14 @@ def split_sequence(token_types: list[int], grids: list[list[int]], merge: int, n
     return Split(tuple(cuts), tuple(pair_cuts))
 
 
-def local_videos(grids: list[list[int]], first: int, end: int) -> list[tuple[int, list[int]]]:
-    """(video index, its grid within the range) of the videos with frame pairs among the sequence's
-    pairs [first, end), in order."""
+def local_videos(grids: list[list[int]], first: int, end: int) -> list[tuple[int, int, list[int]]]:
+    """(video index, its first pair in the range, its grid within the range) of the videos with frame
+    pairs among the sequence's pairs [first, end), in order."""
     local, offset = [], 0
     for video, (t, h, w) in enumerate(grids):
         share = max(0, min(end, offset + t) - max(first, offset))
         if share:
-            local.append((video, [share, h, w]))
+            local.append((video, max(first, offset) - offset, [share, h, w]))
         offset += t
     return local
 
@@ -157,13 +158,36 @@ def shard_batch(batch: dict, split: Split, rank: int) -> dict:
     grid = batch["video_grid_thw"]
     shard = {"input_ids": batch["input_ids"][:, start:end], "targets": targets,
              "mm_token_type_ids": batch["mm_token_type_ids"][:, start:end],
-             "pixel_values_videos": batch["pixel_values_videos"][row_start:row_end],
-             "video_grid_thw": torch.tensor([g for _, g in videos], dtype=grid.dtype, device=grid.device)}
+             "video_grid_thw": torch.tensor([g for _, _, g in videos], dtype=grid.dtype, device=grid.device)}
+    if FRAMES in batch:  # decoded frames, for the device to make pixels of: each video's frames of its pairs
+        shard[FRAMES] = [batch[FRAMES][v][first_pair * len(batch[FRAMES][v]) // grids[v][0]:
+                                          (first_pair + g[0]) * len(batch[FRAMES][v]) // grids[v][0]]
+                         for v, first_pair, g in videos]
+        shard[WINDOW_IDS] = [batch[WINDOW_IDS][v] for v, _, _ in videos]
+    else:
+        shard["pixel_values_videos"] = batch["pixel_values_videos"][row_start:row_end]
     if "position_ids" in batch:
         shard["position_ids"] = batch["position_ids"][..., start:end]
     if "second_per_grid_ts" in batch:
-        shard["second_per_grid_ts"] = batch["second_per_grid_ts"][[v for v, _ in videos]]
+        shard["second_per_grid_ts"] = batch["second_per_grid_ts"][[v for v, _, _ in videos]]
     return shard
+
+
+@dataclasses.dataclass(frozen=True)
+class Sharded:
+    """What a rank's step needs of the whole sequence besides its own shard."""
+    lengths: tuple[int, ...]  # every rank's slice
+    bounds: tuple[int, ...] | None  # a pack's sample boundaries
+    supervised: int  # the whole sequence's supervised targets
+
+
+def rank_shard(batch: dict, n: int, place: int, merge: int) -> dict:
+    """Rank ``place``'s shard of a host batch, with the whole sequence's facts under ``"sequence"``."""
+    split = split_sequence(batch["mm_token_type_ids"][0].tolist(), batch["video_grid_thw"].tolist(), merge, n)
+    bounds = batch.get("cu_seq_lens_q")
+    facts = Sharded(split.lengths, None if bounds is None else tuple(int(b) for b in bounds.tolist()),
+                    supervised_count(batch))
+    return {**shard_batch(batch, split, place), "sequence": facts}
 
 
 def supervised_count(batch: dict) -> int:
@@ -187,3 +211,49 @@ def shard_loss(model, shard: dict, total: int, n: int):
     losses = torch.nn.functional.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), chosen,
                                                ignore_index=IGNORE_INDEX, reduction="none")[chosen != IGNORE_INDEX]
     return losses.sum() * n / total, losses.detach()
+
+
+@dataclasses.dataclass
+class SequenceGroup:
+    """This rank's sequence-parallel group in a train run: its shard of each batch and its micro-step."""
+    group: object  # the process group of the n ranks that share a sequence
+    place: int  # this rank's place in it
+    n: int
+    merge: int  # the vision tower's spatial merge: visual tokens per frame pair are its patches / merge^2
+
+    def shard(self, batch: dict) -> dict:
+        """This rank's part of a host batch (BatchesAhead's ``shard``)."""
+        return rank_shard(batch, self.n, self.place, self.merge)
+
+    def forward_backward(self, engine, batch: dict):
+        """The micro-batch's forward and backward on this rank's shard, the exchanges' shard in flight for
+        both (checkpointed layers run their forward again in the backward); returns the whole sequence's
+        loss (mean over its supervised targets), the same on every rank of the group."""
+        import torch.distributed as dist
+
+        from ..kernels import ulysses
+
+        facts = batch.pop("sequence")
+        with ulysses.sharding(ulysses.Shard(self.group, self.place, facts.lengths, facts.bounds)):
+            loss, losses = shard_loss(engine, batch, facts.supervised, self.n)
+            engine.backward(loss)
+        whole = losses.sum().reshape(1) / facts.supervised
+        dist.all_reduce(whole, group=self.group)
+        return whole[0]
+
+
+def sequence_group(model_dir, train_cfg, world: int) -> SequenceGroup | None:
+    """This rank's group for ``train.sequence_parallel`` after its checks against the model's head counts,
+    or None when it is 1. Every rank makes every group (a collective, in the same order everywhere)."""
+    import torch.distributed as dist
+    from transformers import AutoConfig
+
+    n = train_cfg.sequence_parallel
+    if n == 1:
+        return None
+    config = AutoConfig.from_pretrained(model_dir)
+    check_sequence_parallel(n, world, config.get_text_config(), 1 if train_cfg.pack_tokens else
+                            train_cfg.micro_batch_size)
+    rank = dist.get_rank()
+    made = [dist.new_group(ranks) for ranks in groups(world, n)[0]]
+    return SequenceGroup(made[rank // n], rank % n, n, config.vision_config.spatial_merge_size)

@@ -11,6 +11,7 @@ from ..data.adapter import gathered_lora_state
 from .batches import BatchesAhead, tokens_in
 from .loss import supervised_loss
 from .sampling import Cursor, DataError
+from .sequence_shards import SequenceGroup
 
 
 @dataclasses.dataclass
@@ -29,11 +30,13 @@ def require_video(entries: list, rank: int) -> None:
 
 
 def train_step(engine, batches: BatchesAhead, cursor: Cursor, next_batch: Callable[[Cursor], tuple[int, list[int]]],
-               index, rank: int, accumulate: int, last_step: bool, record_read: Callable) -> StepDone:
+               index, rank: int, accumulate: int, last_step: bool, record_read: Callable,
+               sequence: SequenceGroup | None = None) -> StepDone:
     """``accumulate`` micro-batches through the engine. ``next_batch(cursor)`` advances the cursor to the
     next (epoch, sample positions); ``record_read(epoch, position, entry)`` writes each sample to the ledger.
     The schedule is fixed, so the batch after each one is announced (read and prepared ahead) from a copy
-    of the cursor, except after the run's very last."""
+    of the cursor, except after the run's very last. With ``sequence`` (train.sequence_parallel) the
+    batches are this rank's shards and the loss is the whole sequence's."""
     done = StepDone([], 0.0, 0)
     for micro_step in range(accumulate):
         epoch, positions = next_batch(cursor)
@@ -42,8 +45,11 @@ def train_step(engine, batches: BatchesAhead, cursor: Cursor, next_batch: Callab
         batch = batches.take(positions)
         if not (last_step and micro_step + 1 == accumulate):
             batches.announce(next_batch(dataclasses.replace(cursor))[1])
-        loss = supervised_loss(engine, batch)
-        engine.backward(loss)
+        if sequence is None:
+            loss = supervised_loss(engine, batch)
+            engine.backward(loss)
+        else:
+            loss = sequence.forward_backward(engine, batch)
         engine.step()
         done.loss += loss.item() / accumulate
         done.tokens += tokens_in(batch)
