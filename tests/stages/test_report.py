@@ -284,3 +284,9 @@ def test_a_damaged_step_log_is_a_placeholder_naming_its_line_without_a_traceback
         assert f"steps.jsonl, line {lines}: not a JSON entry" in result["figures"][figure]["placeholder"]
     assert any(p.startswith("loss: ") for p in result["problems"])
     assert "Traceback" not in capsys.readouterr().err
+
+
+def test_the_memory_figure_says_how_many_frames_cards_sharing_a_sample_would_hold(inputs, tmp_path):
+    notes = make_report(inputs, tmp_path)["figures"]["memory"]["notes"]
+    shared = [note for note in notes if note.startswith("most frames per sample on cards of 12 GiB")]
+    assert shared and " on 1 card," in shared[0] and "on 2 cards sharing it" in shared[0], notes

@@ -165,3 +165,26 @@ def test_the_train_record_plans_a_padded_micro_batch_whole():
     got = memory_comparison(probe, index, 2, ZERO, options, [[{"peak_allocated_gib": 1.0}], []])
     assert got["predicted"] == plan_peak(MODEL, micro_batch(SAMPLE, 3), 10_000_000, 2, ZERO, "bf16", kernels="torch")
     assert got["predicted"]["reserved_gib"] > plan_peak(MODEL, SAMPLE, 10_000_000, 2, ZERO, kernels="torch")["reserved_gib"]
+
+
+def test_a_sequence_shared_by_n_ranks_holds_its_share_of_tokens_and_frames_on_each():
+    """train.sequence_parallel: a rank's slice is 1/n of the tokens plus at most one frame pair; the
+    weights stay partitioned over the world; the all-to-alls add a send and a receive copy of one layer's
+    query, key and value slice; the supervised logits stay whole (the answer may all be on one rank)."""
+    one, two = (plan_peak(MODEL, SAMPLE, trainable=10_000_000, world=2, ds_zero=ZERO, sequence_parallel=n)
+                for n in (1, 2))
+    a, b = ({k: v * GIB for k, v in plan["components_gib"].items()} for plan in (one, two))
+    pair = 6_272 / 32  # visual tokens per frame pair (64 frames)
+    share = 6_600 / 2 + pair
+    assert b["weights_partitioned"] == a["weights_partitioned"] and b["logits"] == a["logits"]
+    assert b["embeddings_in_and_out"] == pytest.approx(a["embeddings_in_and_out"] * share / 6_600)
+    assert b["activations_checkpointed_layers"] == pytest.approx(a["activations_checkpointed_layers"] * share / 6_600)
+    assert b["sequence_exchange"] == pytest.approx(2 * share * 8192 * 2) and a["sequence_exchange"] == 0
+    assert b["vision_forward_no_grad"] < 0.6 * a["vision_forward_no_grad"]
+
+
+def test_more_ranks_per_sequence_fit_more_frames_on_the_same_cards():
+    frames = [largest_frames(MODEL, SAMPLE, 10_000_000, n, ZERO, limit_gib=12.0, sequence_parallel=n)
+              for n in (1, 2, 4)]
+    assert frames[0] < frames[1] < frames[2], frames
+    assert all(f % 2 == 0 for f in frames)

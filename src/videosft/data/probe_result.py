@@ -37,3 +37,11 @@ def read_probe(path: Path) -> dict:
 def read_planned_gpu_memory(path: Path) -> float | None:
     """The GPU memory (GiB) the probe's memory plan was made for; None where it made no plan."""
     return number((read_json(path).get("memory") or {}).get("gpu_memory_gib"))
+
+
+def read_sequence_plan(path: Path) -> dict[int, dict]:
+    """n -> the plan for one micro-batch shared by n GPUs (``train.sequence_parallel``): its
+    ``reserved_gib`` per GPU and ``largest_frames_under_limit``; empty where the probe made no plan."""
+    plan = (read_json(path).get("memory") or {}).get("per_sequence_parallel_size") or {}
+    return {int(n): {"reserved_gib": number(peak.get("reserved_gib")),
+                     "largest_frames_under_limit": peak.get("largest_frames_under_limit")} for n, peak in plan.items()}

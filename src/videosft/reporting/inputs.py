@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any, Callable, TypeVar
 
 from ..data.predict_summary import PredictSummary, read_predict_summary
-from ..data.probe_result import read_planned_gpu_memory
+from ..data.probe_result import read_planned_gpu_memory, read_sequence_plan
 from ..data.rejects import read_rejects
 from ..data.sample_store import read_manifest
 from ..data.train_logs import read_all_steps
@@ -94,6 +94,11 @@ def manifest(inputs: Inputs) -> dict:
 
 def planned_gpu_memory(inputs: Inputs) -> float | None:
     return read_input(read_planned_gpu_memory, inputs.probe, "probe")
+
+
+def sequence_plan(inputs: Inputs) -> dict[int, dict]:
+    """n -> the probe's plan for one micro-batch shared by n GPUs."""
+    return read_input(read_sequence_plan, inputs.probe, "probe")
 
 
 def train_results(inputs: Inputs) -> TrainResults:

@@ -74,6 +74,11 @@ def memory_figure(inputs: Inputs, out_dir: Path, fmt: str) -> Outcome:
     if not results.predicted_gib:
         outcome.notes.append("no prediction in the train run record (probe had no memory plan)")
     limit, _ = optional(lambda: read.planned_gpu_memory(inputs))
+    shared, _ = optional(lambda: read.sequence_plan(inputs), {})
+    if limit and shared:  # what train.sequence_parallel would buy on cards of the planned size
+        outcome.notes.append(f"most frames per sample on cards of {limit:g} GiB: " + ", ".join(
+            f"{plan['largest_frames_under_limit']} on " + ("1 card" if n == 1 else f"{n} cards sharing it")
+            for n, plan in sorted(shared.items())) + " (train.sequence_parallel)")
     if limit and not cpu and str(results.device or "").startswith("cuda"):
         ax.axhline(limit, color="#C44E52", linestyle="-.", label=f"GPU memory limit ({limit:g} GiB)")
     ax.set_title(f"Peak memory per rank over steps vs the planner's prediction ({results.device or '?'})",

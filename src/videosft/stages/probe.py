@@ -25,6 +25,8 @@ from ..models.checkpoint import CheckpointError, build_meta_model, config_dtype,
     read_checkpoint, tokenizer_agreement
 from ..models.lora import coverage
 from ..provenance import existing_path, exit_after, run_record, stage_parser
+from ..errors import ConfigError
+from ..training.sequence_shards import check_sequence_parallel
 from ..training.memory import PlanOptions, longest_sample, micro_batch_words, model_facts, probe_plan
 
 
@@ -88,7 +90,19 @@ def memory_plan(model, cfg: View, trainable: int, manifest: Path) -> dict:
     ds_zero = json.loads(Path(cfg.train.deepspeed_config).read_text())["zero_optimization"]
     facts = model_facts(model, int(ds_zero.get("stage3_param_persistence_threshold", 1e5)))
     return probe_plan(facts, longest_sample(manifest), trainable, ds_zero, PlanOptions.of(cfg.train),
-                      cfg.memory.gpu_memory_gib, cfg.memory.world_sizes)
+                      cfg.memory.gpu_memory_gib, cfg.memory.world_sizes, sequence_sizes(model.config.get_text_config()))
+
+
+def sequence_sizes(text_config, candidates=(1, 2, 4, 8)) -> list[int]:
+    """The train.sequence_parallel sizes this model's head counts allow, among ``candidates``."""
+    allowed = []
+    for n in candidates:
+        try:
+            check_sequence_parallel(n, n, text_config, 1)
+        except ConfigError:
+            continue
+        allowed.append(n)
+    return allowed
 
 
 def print_summary(result: dict) -> None:
@@ -108,10 +122,17 @@ def print_summary(result: dict) -> None:
     if result["memory"]:
         plan = result["memory"]
         for world, peak in plan["per_world_size"].items():
-            print(f"memory plan, {world} GPU(s): {peak['reserved_gib']:.2f} GiB reserved per GPU "
+            shared = f" sharing each micro-batch in groups of {plan['sequence_parallel']}" \
+                if plan.get("sequence_parallel", 1) > 1 else ""
+            print(f"memory plan, {world} GPU(s){shared}: {peak['reserved_gib']:.2f} GiB reserved per GPU "
                   f"({peak['allocated_gib']:.2f} allocated) for the largest micro-batch "
                   f"({micro_batch_words(plan)}); at most "
                   f"{peak['largest_frames_under_limit']} frames per sample fit {plan['gpu_memory_gib']} GiB")
+        for n, peak in plan.get("per_sequence_parallel_size", {}).items():
+            if n != "1":
+                print(f"memory plan, one micro-batch shared by {n} GPUs (train.sequence_parallel: {n}): "
+                      f"{peak['reserved_gib']:.2f} GiB reserved per GPU; at most "
+                      f"{peak['largest_frames_under_limit']} frames per sample fit {n} x {plan['gpu_memory_gib']} GiB")
         for step in plan["flowchart"]:
             print(f"  {step['question']} {step['answer']}"
                   + (f" ({step['predicted_gib']:.2f} GiB)" if "predicted_gib" in step else "") + f": {step['why']}")

@@ -28,6 +28,7 @@ The probe plans for the longest sample of the preprocess stage's store (:func:`l
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import types
 from dataclasses import asdict, dataclass
@@ -188,18 +189,26 @@ def gathered_parameters(model: ModelFacts, world: int, ds_zero: dict, weights_on
 def plan_peak(model: ModelFacts, sample: SampleFacts, trainable: int, world: int, ds_zero: dict,
               precision: str = "bf16", sliced_logits: bool = True, checkpointing: bool = True,
               kernels: str | None = None, offload_activations: bool = False,
-              whole_blocks: bool = False) -> dict:
+              whole_blocks: bool = False, sequence_parallel: int = 1) -> dict:
     """Predicted peak bytes per rank, by component (``kernels``: a key of ``COEFFICIENTS``, the
     kernel set the run uses; None: as :func:`planned_kernels` says). ``ds_zero["offload_param"]``
     on the host takes the weights' partition off the GPU; ``offload_activations`` the checkpointed layer inputs
     (one comes back at a time, for its layer's recomputation); ``whole_blocks``: ZeRO-3 gathers
-    whole decoder layers (train.gather_whole_blocks)."""
+    whole decoder layers (train.gather_whole_blocks). ``sequence_parallel`` n: n ranks share the sequence
+    (train.sequence_parallel), so a rank holds a slice of its tokens and frames, at most a 1/n share plus
+    one frame pair (the cuts fall between pairs), while the weights stay partitioned over the whole world;
+    its attention runs on every token for 1/n of the heads, as many bytes as its slice of all heads, and
+    the all-to-alls hold a send and a receive copy of one layer's query, key and value slice. The
+    supervised logits are planned whole on one rank (the answer follows the video, on the last)."""
     kernels = kernels or planned_kernels()
     backward_over_forward, reserved_over_allocated = COEFFICIENTS[kernels]
     p = precision_bytes(precision)
     reduce_bucket = int(ds_zero.get("reduce_bucket_size", 5e8))
-    tokens = sample.input_tokens
-    patches = sample.visual_tokens * model.merge**2
+    n = sequence_parallel
+    pair_tokens = sample.visual_tokens / max(1, sample.frames // 2) + sample.text_per_pair
+    tokens = sample.input_tokens / n + pair_tokens if n > 1 else sample.input_tokens
+    patches = (sample.visual_tokens / n + pair_tokens) * model.merge**2 if n > 1 else \
+        sample.visual_tokens * model.merge**2
     layer_forward = tokens * p * (model.attention_width + 3 * model.intermediate + 4 * model.hidden)
     if checkpointing:
         kept_inputs = 1 if offload_activations else model.layers
@@ -207,7 +216,7 @@ def plan_peak(model: ModelFacts, sample: SampleFacts, trainable: int, world: int
     else:
         activations = model.layers * layer_forward
     logit_positions = sample.supervised_tokens if sliced_logits else tokens
-    patches_per_frame_pair = patches / max(1, sample.frames // 2)
+    patches_per_frame_pair = sample.visual_tokens * model.merge**2 / max(1, sample.frames // 2)
     vision = patches * p * (4 * model.vision_hidden + model.vision_intermediate) + \
         patches_per_frame_pair**2 * model.vision_heads * p
     weights_on_host = ds_zero.get("offload_param", {}).get("device", "none") in ("cpu", "nvme")
@@ -228,6 +237,7 @@ def plan_peak(model: ModelFacts, sample: SampleFacts, trainable: int, world: int
         "embeddings_in_and_out": 2 * tokens * model.hidden * p,
         "logits": logit_positions * model.vocab * (p + LOGIT_EXTRA_BYTES),
         "vision_forward_no_grad": vision,
+        "sequence_exchange": 2 * tokens * model.attention_width * p if n > 1 else 0,
     }
     allocated = sum(components.values())
     return {"components_gib": {k: v / GIB for k, v in components.items()},
@@ -321,6 +331,7 @@ class PlanOptions:
     kernels: str
     micro_batch_size: int
     pack_tokens: int | None
+    sequence_parallel: int = 1
 
     @classmethod
     def of(cls, train_cfg, precision: str | None = None, kernels: str | None = None) -> "PlanOptions":
@@ -329,13 +340,14 @@ class PlanOptions:
         precision = precision or ("bf16" if train_cfg.precision in ("auto", "bf16") else train_cfg.precision)
         return cls(precision, train_cfg.gradient_checkpointing, train_cfg.offload_activations,
                    train_cfg.gather_whole_blocks, kernels or planned_kernels(train_cfg.fused_kernels),
-                   train_cfg.micro_batch_size, train_cfg.pack_tokens or None)
+                   train_cfg.micro_batch_size, train_cfg.pack_tokens or None, train_cfg.sequence_parallel)
 
     @property
     def peak(self) -> dict:
         """:func:`plan_peak`'s keyword options."""
         return {"precision": self.precision, "checkpointing": self.checkpointing, "kernels": self.kernels,
-                "offload_activations": self.offload_activations, "whole_blocks": self.whole_blocks}
+                "offload_activations": self.offload_activations, "whole_blocks": self.whole_blocks,
+                "sequence_parallel": self.sequence_parallel}
 
     @property
     def batching(self) -> dict:
@@ -344,26 +356,40 @@ class PlanOptions:
 
 
 def probe_plan(model: ModelFacts, sample: SampleFacts, trainable: int, ds_zero: dict, options: PlanOptions,
-               limit_gib: float, world_sizes: list[int]) -> dict:
+               limit_gib: float, world_sizes: list[int], sequence_sizes: list[int] = (1,)) -> dict:
     """Predicted per-GPU peaks of the largest micro-batch (``options``' micro-batch of samples like
-    ``sample``) for each world size, the largest frame count per sample under ``limit_gib``, and the
-    lecture's flowchart (one sample) for the largest world size."""
+    ``sample``) for each world size (those that ``options.sequence_parallel`` divides), the largest frame
+    count per sample under ``limit_gib``, the same for one micro-batch shared by n cards for each n of
+    ``sequence_sizes`` (the sizes the model's head counts allow), and the lecture's flowchart (one sample)
+    for the largest world size."""
     batch = micro_batch(sample, **options.batching)
+    n = options.sequence_parallel
     per_world = {}
-    for world in world_sizes:
-        peak = plan_peak(model, batch, trainable, world, ds_zero, **options.peak)
-        peak["largest_frames_under_limit"] = largest_frames(model, sample, trainable, world, ds_zero, limit_gib,
-                                                            **options.peak, **options.batching)
-        per_world[str(world)] = peak
+    for world in [w for w in world_sizes if w % n == 0] or [n]:
+        per_world[str(world)] = planned_world(model, sample, batch, trainable, world, ds_zero, options, limit_gib)
+    shared = {str(k): planned_world(model, sample, batch, trainable, k, ds_zero,
+                                    dataclasses.replace(options, sequence_parallel=k), limit_gib)
+              for k in sequence_sizes}
     return {
         "gpu_memory_gib": limit_gib,
         "precision": options.precision,
         "longest_sample": asdict(sample),
         "micro_batch": {**options.batching, **asdict(batch)},
         "model_facts": asdict(model),
+        "sequence_parallel": n,
         "per_world_size": per_world,
+        "per_sequence_parallel_size": shared,
         "flowchart": flowchart(model, sample, trainable, max(world_sizes), ds_zero, limit_gib),
     }
+
+
+def planned_world(model: ModelFacts, sample: SampleFacts, batch: SampleFacts, trainable: int, world: int,
+                  ds_zero: dict, options: PlanOptions, limit_gib: float) -> dict:
+    """One world size's predicted peak for ``batch`` and the most frames per sample under ``limit_gib``."""
+    peak = plan_peak(model, batch, trainable, world, ds_zero, **options.peak)
+    peak["largest_frames_under_limit"] = largest_frames(model, sample, trainable, world, ds_zero, limit_gib,
+                                                        **options.peak, **options.batching)
+    return peak
 
 
 def micro_batch_words(plan: dict) -> str:
