@@ -22,7 +22,8 @@ Trainers (``--trainers``):
   whole on every rank); ``ours-unfused``: without the fused norm / SwiGLU / conv kernels
   (`VIDEOSFT_FUSED_KERNELS=torch`); ``ours-per-module``: ZeRO-3 gathering per module
   (`train.gather_whole_blocks: false`); ``ours-block-prefetch``: the default with a prefetch bucket
-  of one whole decoder layer.
+  of one whole decoder layer; ``ours-sp2`` / ``ours-sp4``: every sample shared by 2 / 4 ranks
+  (``train.sequence_parallel``).
 
 Same checkpoint, samples (from bench/gpu_pipeline.py's builder), LoRA targets and rank, steps.
 Per trainer and frame count: tokens/s per GPU (median after the first step), peak allocated /
@@ -189,6 +190,9 @@ TRAINERS = {
     # prefetches only while fewer than stage3_max_live_parameters are gathered, so that must hold two blocks
     "ours-block-prefetch": {"kind": "ours", "base": DEFAULT, "zero": {"stage3_prefetch_bucket_size": 120_000_000,
                                                                       "stage3_max_live_parameters": 300_000_000}},
+    # train.sequence_parallel: each sample shared by 2 or 4 ranks (--gpus a multiple of it)
+    "ours-sp2": {"kind": "ours", "base": DEFAULT, "zero": {}, "train": {"sequence_parallel": 2}},
+    "ours-sp4": {"kind": "ours", "base": DEFAULT, "zero": {}, "train": {"sequence_parallel": 4}},
 }
 RUN_ESTIMATE_S = {"plain": 100, "savvy": 60}  # what one run needs, to skip runs past --deadline-s (others: 70)
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import run_torchrun
+from conftest import PROJECT, run_torchrun
 from videosft import config as config_lib
 from test_train_policies import DIE_WHILE_SAVING, record_of, train_args, with_train
 
@@ -18,21 +18,24 @@ pytestmark = pytest.mark.slow  # trains on 2 ranks
 STEPS = 6
 
 
-def sequence_config(demo_config: dict, n: int) -> dict:
+def sequence_config(demo_config: dict, n: int, **train) -> dict:
     """LoRA on every linear layer (the Gated-DeltaNet layers' too) without dropout: dropout draws its masks
     per rank, so a shared sample's masks differ from one rank's (as they would with another seed)."""
-    cfg = with_train(demo_config, steps=STEPS, save_every=2, sequence_parallel=n)
+    cfg = with_train(demo_config, steps=STEPS, save_every=2, sequence_parallel=n, **train)
     return {**cfg, "lora": {**cfg.get("lora", {}), "dropout": 0.0, "target_modules": ["all-linear"]}}
 
 
 @pytest.fixture(scope="module")
 def shared_and_alone(prepared, demo_config, tmp_path_factory):
-    """The same steps, samples and order: one rank alone, and two ranks sharing every sample."""
+    """The same steps, samples and order: one rank alone, two ranks sharing every sample, and the same
+    with the weights' partition and the checkpointed layer inputs in host memory."""
     manifest = prepared / "preprocess" / "manifest.json"
     out = tmp_path_factory.mktemp("sequence-parallel-train")
+    offload = {"deepspeed_config": str(PROJECT / "workflow" / "deepspeed" / "zero3_offload.json"),
+               "offload_activations": True}
     runs = {}
-    for name, nproc, n in (("alone", 1, 1), ("shared", 2, 2)):
-        cfg = sequence_config(demo_config, n)
+    for name, nproc, n, train in (("alone", 1, 1, {}), ("shared", 2, 2, {}), ("offloaded", 2, 2, offload)):
+        cfg = sequence_config(demo_config, n, **train)
         result = run_torchrun(train_args(cfg, manifest, prepared, out / name), nproc=nproc)
         assert result.returncode == 0, result.stdout[-3000:]
         runs[name] = out / name
@@ -83,3 +86,11 @@ def test_a_killed_sequence_parallel_run_resumes_to_the_same_adapter(shared_and_a
     assert results["resumed_from_step"] == 2 and results["losses_rank0"] == straight["losses_rank0"]
     ours, theirs = (load_file(out / "adapter" / "adapter_model.safetensors") for out in (interrupted, runs["shared"]))
     assert ours.keys() == theirs.keys() and all(ours[key].equal(theirs[key]) for key in ours)
+
+
+def test_offloaded_weights_and_activations_train_the_same_shared_adapter(shared_and_alone):
+    runs, _, _ = shared_and_alone
+    ours, theirs = (load_file(runs[name] / "adapter" / "adapter_model.safetensors") for name in ("offloaded", "shared"))
+    assert ours.keys() == theirs.keys() and all(ours[key].equal(theirs[key]) for key in ours)
+    plan = record_of(runs["offloaded"])["results"]["memory"]["predicted"]["components_gib"]
+    assert plan["weights_partitioned"] == 0 and plan["sequence_exchange"] > 0

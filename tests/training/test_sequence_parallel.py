@@ -90,3 +90,51 @@ def test_one_run_of_video_tokens_holds_several_pairs_and_a_mismatch_is_named():
         frame_pairs(types, [[3, 2, 4]], 2)
     # two videos of a pack: a rank holding pairs 2-4 holds the first video's last pair and two of the second's
     assert local_videos([[3, 2, 4], [4, 2, 4]], 2, 5) == [(0, 2, [1, 2, 4]), (1, 0, [2, 2, 4])]
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["unpacked", "packed"])
+def test_a_shard_of_decoded_frames_makes_the_pixels_of_a_shard_of_pixels(packed):
+    """On a GPU the host thread cuts decoded frames (the device makes their pixels); on the CPU it cuts
+    pixels: the same rank gets the same pixels, grids and tokens either way."""
+    import torch
+
+    from sequence_parallel_worker import LAYOUTS, sample, video_processor
+    from videosft.training.batches import BatchesAhead
+    from videosft.training.sequence_shards import SequenceGroup
+
+    rows = [sample("qwen3_vl", i, layout) for i, layout in enumerate(LAYOUTS[:3])]
+    def positions(batch):  # what is cut, not what it holds, is under test here
+        return torch.arange(batch["input_ids"].shape[1]).expand(3, 1, -1)
+
+    for place in range(3):
+        made = {}
+        for on_device in (False, True):
+            group = SequenceGroup(group=None, place=place, n=3, merge=2)
+            batches = BatchesAhead(lambda indices: [rows[i] for i in indices], 0, video_processor("qwen3_vl"),
+                                   torch.device("cpu"), positions, pack=packed, pixels_on_device=on_device,
+                                   shard=group.shard)
+            made[on_device] = batches.take([0, 1, 2] if packed else [1])
+            batches.close()
+        assert made[True]["sequence"] == made[False]["sequence"]
+        tensors = [key for key, value in made[False].items() if torch.is_tensor(value)]
+        assert set(tensors) == {key for key, value in made[True].items() if torch.is_tensor(value)}
+        assert all(torch.equal(made[True][key], made[False][key]) for key in tensors)
+        assert made[False]["pixel_values_videos"].shape[0] == 8 * int(made[False]["video_grid_thw"][:, 0].sum())
+
+
+def test_a_size_the_model_or_world_cannot_take_is_refused_naming_the_numbers():
+    from types import SimpleNamespace
+
+    from videosft.errors import ConfigError
+    from videosft.training.sequence_shards import check_sequence_parallel
+
+    text = SimpleNamespace(num_attention_heads=16, num_key_value_heads=4, linear_num_value_heads=32,
+                           linear_num_key_heads=16)
+    check_sequence_parallel(4, 8, text, 1)
+    with pytest.raises(ConfigError) as refused:
+        check_sequence_parallel(8, 12, text, 2)
+    message = str(refused.value)
+    assert "train.sequence_parallel: 8 cannot be used" in message
+    assert "the world of 12 ranks is not a whole number of groups of 8" in message
+    assert "4 key/value heads do not split over 8 ranks" in message and "micro_batch_size is 2" in message
+    assert "16 attention heads" not in message.split(". Choose")[0]  # 16 splits over 8: not a problem

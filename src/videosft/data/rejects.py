@@ -10,6 +10,7 @@ what a person reads, and the message says which item, what is wrong with it and 
 from __future__ import annotations
 
 import json
+import threading
 from collections import Counter
 from pathlib import Path
 
@@ -32,6 +33,7 @@ class Rejects:
         self.path = Path(path)
         self.kept = Path(kept) if kept else None
         self.items: list[dict] = []
+        self.lock = threading.Lock()
         for file in self.files:
             file.parent.mkdir(parents=True, exist_ok=True)
             file.write_text("")
@@ -64,11 +66,12 @@ class Rejects:
             error = f"{type(error).__name__}: {error}"
         code = code or "unexpected"
         item = {"where": where, "code": code, "reason": REASONS[code], "error": str(error), **extra}
-        self.items.append(item)
-        for file in self.files:
-            with open(file, "a") as handle:
-                handle.write(json.dumps(item, default=str) + "\n")
-        print(f"rejected {where} ({REASONS[code]}): {error}", flush=True)
+        with self.lock:  # predict prepares the next video on a thread while it answers this one
+            self.items.append(item)
+            for file in self.files:
+                with open(file, "a") as handle:
+                    handle.write(json.dumps(item, default=str) + "\n")
+            print(f"rejected {where} ({REASONS[code]}): {error}", flush=True)
 
     def __len__(self) -> int:
         return len(self.items)

@@ -12,7 +12,10 @@ the timeline as ``.otio``, ``.edl`` (CMX 3600) and ``.xml`` (Final Cut Pro 7), e
 referencing the source file; with ``predict.render: true`` also the cut video. A video that
 cannot be decoded, or a window that cannot be encoded, is recorded with its reason; the others
 go on. With ``predict.videos: val`` the windows are the window stage's val windows, and the
-merged ranges are scored against the annotations in source time (``evaluation.json``).
+merged ranges are scored against the annotations in source time (``evaluation.json``). The next
+video is opened, decoded and prompted on a host thread while the model answers the current one
+(:func:`one_ahead`); the summary's seconds per part therefore overlap, and windows/s is counted over
+the wall time after the model's load.
 
     python -m videosft.stages.predict --config config.yaml --adapter results/train/adapter --out results/predict
     python -m videosft.stages.predict --config config.yaml --out results/predict    # model.path merged (export)
@@ -20,9 +23,12 @@ merged ranges are scored against the annotations in source time (``evaluation.js
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Callable
 
 from .. import config as config_lib
 from ..config import View
@@ -67,9 +73,21 @@ def cut_into_windows(video: VideoFile, name: str, cfg: View) -> list[dict]:
             for index, bounds in enumerate(window_bounds(duration, window_cfg.length, window_cfg.stride, tail))]
 
 
-def predict_video(path: Path, windows: list[dict] | None, model, processor, cfg: View, rejects: Rejects,
-                  timings: dict) -> dict | None:
-    """One video: its windows' answers and the merged source-time ranges, or None if it cannot be read."""
+@dataclasses.dataclass
+class Prompted:
+    """A video read and its windows' prompts made, ready for the model."""
+    path: Path
+    name: str
+    duration: float
+    fps: float
+    source_windows: list[dict]
+    prompts: list[dict]
+    results: list[dict]
+
+
+def prompt_video(path: Path, windows: list[dict] | None, processor, cfg: View, rejects: Rejects,
+                 timings: dict) -> Prompted | None:
+    """One video opened, cut into windows (or the given ones) and its prompts made; None if it cannot be read."""
     started = time.perf_counter()
     try:
         video = VideoFile(path)
@@ -82,25 +100,41 @@ def predict_video(path: Path, windows: list[dict] | None, model, processor, cfg:
     windows = windows or cut_into_windows(video, path.name, cfg)
     timings["open"] += time.perf_counter() - started
     prompts, results = window_prompts(video, windows, processor, cfg, rejects, timings)
+    return Prompted(path, name, video.duration, float(video.reader.get_avg_fps()), source_windows, prompts, results)
+
+
+def answer_video(video: Prompted, model, processor, cfg: View, rejects: Rejects, timings: dict) -> dict:
+    """The model's answers to a video's prompts and the merged source-time ranges."""
     started = time.perf_counter()
-    answers = greedy_answers(model, prompts, processor.tokenizer, processor.video_processor,
-                             cfg.predict.max_new_tokens,
-                             cfg.prompt.think_block, cfg.predict.batch_size)
-    for result, answer in zip(results, answers):
+    answers = greedy_answers(model, video.prompts, processor.tokenizer, processor.video_processor,
+                             cfg.predict.max_new_tokens, cfg.prompt.think_block, cfg.predict.batch_size)
+    for result, answer in zip(video.results, answers):
         text, local = answer["answer"], parse_answer(answer["answer"])
         result.update(answer=text, parsed=local is not None, degenerate=answer["degenerate"], ranges_local=local,
                       ranges=None if local is None else to_source(local, result["start"], result["end"]))
         if local is None:
             rejects.add(result["window_id"], f"answer {text!r} is not in the answer format; the window "
-                        "abstains from the merge", code="answer_format", video=name)
+                        "abstains from the merge", code="answer_format", video=video.name)
     timings["generate"] += time.perf_counter() - started
-    ranges = merge_votes(results, cfg.predict.min_agreement)
-    fps = float(video.reader.get_avg_fps())
-    return {"video": str(path), "name": name, "duration": video.duration, "fps": fps, "timeline_rate": timeline_rate(fps),
+    ranges = merge_votes(video.results, cfg.predict.min_agreement)
+    return {"video": str(video.path), "name": video.name, "duration": video.duration, "fps": video.fps,
+            "timeline_rate": timeline_rate(video.fps),
             "ranges": ranges, "kept_seconds": sum(end - start for start, end in ranges),
-            "merge": {"min_agreement": cfg.predict.min_agreement}, "windows": results,
+            "merge": {"min_agreement": cfg.predict.min_agreement}, "windows": video.results,
             "source_windows": [{"window_id": w["window_id"], "keep_source": w.get("keep_source") or []}
-                               for w in source_windows]}
+                               for w in video.source_windows]}
+
+
+def one_ahead(items: list, make: Callable):
+    """``make(item)`` for each item in order, the next one made on a host thread while the caller works on
+    the current: a video's frames are decoded and its prompts made while the model answers the one before
+    (decord, the image processor and the tokenizer spend their time outside the interpreter's lock)."""
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="predict-ahead") as pool:
+        pending = pool.submit(make, items[0]) if items else None
+        for position in range(len(items)):
+            made = pending.result()
+            pending = pool.submit(make, items[position + 1]) if position + 1 < len(items) else None
+            yield made
 
 
 def write_outputs(result: dict, out: Path, render: bool) -> dict[str, str]:
@@ -135,23 +169,28 @@ def predict(cfg: View, adapter: Path | None, windows_path: Path | None, out: Pat
     timings = {"load_model": time.perf_counter() - started, "open": 0.0, "decode": 0.0, "preprocess": 0.0, "generate": 0.0}
     rejects = Rejects(out / "rejects.jsonl", kept_rejects)
     outputs, results = {}, []
-    for index, ((path, _query), windows) in enumerate(videos.items()):
-        result = predict_video(Path(path), windows, model, processor, cfg, rejects, timings)
-        if result is None:
+    started = time.perf_counter()
+    items = list(enumerate(videos.items()))
+    prompted = one_ahead(items, lambda item: prompt_video(Path(item[1][0][0]), item[1][1], processor, cfg, rejects,
+                                                          timings))
+    for (index, ((path, _query), _windows)), video in zip(items, prompted):
+        if video is None:
             continue
+        result = answer_video(video, model, processor, cfg, rejects, timings)
         results.append(result)
         outputs[result["name"]] = write_outputs(result, out / f"{index:04d}-{Path(path).stem}",
                                                 cfg.predict.render)
         print(f"predict: {result['name']}: {len(result['ranges'])} ranges, {result['kept_seconds']:.1f} of "
               f"{result['duration']:.1f} s kept, {sum(not w.get('parsed', True) for w in result['windows'])} of "
               f"{len(result['windows'])} answers unparseable", flush=True)
+    timings["after_load"] = time.perf_counter() - started  # the parts above overlap: this is the wall time
     windows = sum(len(r["windows"]) for r in results)
     record["results"] = {"source": cfg.predict.videos, "model": cfg.model.path,
                          "adapter": None if adapter is None else str(adapter), "autotune": autotuned,
                          "min_agreement": cfg.predict.min_agreement,
                          "videos": len(videos), "predicted": len(results), "windows": windows,
                          "rejects": rejects.summary(), "outputs": outputs, "seconds": timings,
-                         "windows_per_second": windows / max(sum(timings.values()) - timings["load_model"], 1e-9)}
+                         "windows_per_second": windows / max(timings["after_load"], 1e-9)}
     if cfg.predict.videos == "val":
         record["results"]["evaluation"] = evaluate_in_source_time(results)
         write_json(out / "evaluation.json", record["results"]["evaluation"])
