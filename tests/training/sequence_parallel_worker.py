@@ -15,22 +15,19 @@ import json
 import sys
 from pathlib import Path
 
-import numpy as np
 import torch
 import torch.distributed as dist
 
+from test_packing import TOKENS, VOCAB, video_processor  # beside this file
+from test_packing import sample as packing_sample
 from videosft.encoding.chat import IGNORE_INDEX
 from videosft.kernels import packed_attention, ulysses
 from videosft.kernels.gated_deltanet import select_gated_delta_rule
 from videosft.kernels.vision_attention import batch_vision_attention
-from videosft.media.pixels import stored_frames
 from videosft.models.lora import target_module_names
 from videosft.training.batches import host_positions, prepare
 from videosft.training.sequence_shards import groups, shard_batch, shard_loss, split_sequence, supervised_count
 
-VOCAB, VIDEO, START, END, IMAGE = 128, 120, 121, 122, 123
-TOKENS = dict(image_token_id=IMAGE, video_token_id=VIDEO, vision_start_token_id=START, vision_end_token_id=END)
-FRAMES = {"qwen3_5": (32, 64), "qwen3_vl": (32, 64), "qwen2_5_vl": (28, 56)}  # a (2, 4) patch grid per frame pair
 PAIRS = 4  # frame pairs per sample: 2 merged tokens each
 # (text before the video, text after it, answer tokens); the second longer than a Gated-DeltaNet chunk of 64
 LAYOUTS = [(9, 5, 4), (60, 20, 9), (20, 8, 6), (14, 30, 5)]
@@ -80,30 +77,8 @@ def tiny_model(family: str):
     return model
 
 
-def video_processor(family: str):
-    from transformers.models.qwen2_vl.video_processing_qwen2_vl import Qwen2VLVideoProcessor
-    from transformers.models.qwen3_vl.video_processing_qwen3_vl import Qwen3VLVideoProcessor
-
-    if family == "qwen2_5_vl":
-        return Qwen2VLVideoProcessor(patch_size=14, temporal_patch_size=2, merge_size=2)
-    return Qwen3VLVideoProcessor(patch_size=16, temporal_patch_size=2, merge_size=2)
-
-
 def sample(family: str, index: int, layout: tuple[int, int, int]) -> dict:
-    rng = np.random.default_rng(index)
-    before, after, answer = layout
-    height, width = FRAMES[family]
-    frames = torch.from_numpy(rng.integers(0, 256, (2 * PAIRS, 3, height, width), dtype=np.uint8))
-    text = lambda n: rng.integers(1, 100, n).tolist()  # noqa: E731
-    if family == "qwen2_5_vl":
-        video = [START] + [VIDEO] * (2 * PAIRS) + [END]
-    else:
-        video = [token for _ in range(PAIRS) for token in (*text(2), START, VIDEO, VIDEO, END)]
-    ids = text(before) + video + text(after) + text(answer)
-    labels = [IGNORE_INDEX] * (len(ids) - answer) + ids[-answer:]
-    return {"window_id": f"w{index}", "input_ids": ids, "labels": labels,
-            "mm_token_type_ids": [2 if t == VIDEO else 0 for t in ids], **stored_frames(frames),
-            "video_grid_thw": [PAIRS, 2, 4], "second_per_grid": 1.0 if family == "qwen2_5_vl" else None}
+    return packing_sample(family, index, layout, pairs=PAIRS)
 
 
 def with_lora(model):

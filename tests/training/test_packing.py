@@ -88,23 +88,24 @@ def video_processor(family: str):
     return Qwen3VLVideoProcessor(patch_size=16, temporal_patch_size=2, merge_size=2)
 
 
-def sample(family: str, index: int, layout: tuple[int, int, int]) -> dict:
+def sample(family: str, index: int, layout: tuple[int, int, int], pairs: int = 2) -> dict:
     """A sample as the store holds it, in the family's prompt layout: Qwen3.x put each frame pair
-    after its own time marker; Qwen2.5-VL has one run of video tokens."""
+    after its own time marker; Qwen2.5-VL has one run of video tokens. Each frame pair is a (2, 4)
+    patch grid: 2 merged tokens."""
     rng = np.random.default_rng(index)
     before, after, answer = layout
     height, width = FRAMES[family]
-    frames = torch.from_numpy(rng.integers(0, 256, (4, 3, height, width), dtype=np.uint8))
+    frames = torch.from_numpy(rng.integers(0, 256, (2 * pairs, 3, height, width), dtype=np.uint8))
     text = lambda n: rng.integers(1, 100, n).tolist()  # noqa: E731
     if family == "qwen2_5_vl":
-        video = [START] + [VIDEO] * 4 + [END]
+        video = [START] + [VIDEO] * (2 * pairs) + [END]
     else:
-        video = [token for pair in range(2) for token in (*text(2), START, VIDEO, VIDEO, END)]
+        video = [token for pair in range(pairs) for token in (*text(2), START, VIDEO, VIDEO, END)]
     ids = text(before) + video + text(after) + text(answer)
     labels = [IGNORE_INDEX] * (len(ids) - answer) + ids[-answer:]
     return {"window_id": f"w{index}", "input_ids": ids, "labels": labels,
             "mm_token_type_ids": [2 if t == VIDEO else 0 for t in ids], **stored_frames(frames),
-            "video_grid_thw": [2, 2, 4], "second_per_grid": 1.0 if family == "qwen2_5_vl" else None}
+            "video_grid_thw": [pairs, 2, 4], "second_per_grid": 1.0 if family == "qwen2_5_vl" else None}
 
 
 @pytest.fixture(scope="module", params=["qwen3_5", "qwen3_vl", "qwen2_5_vl"])
