@@ -231,23 +231,3 @@ def test_export_merges_into_a_checkpoint_that_loads_and_answers_like_base_plus_a
                          str(prepared / "window" / "windows.parquet"), "--out", str(tmp_path / "a")]) == 0
     assert answers(tmp_path / "p") == answers(tmp_path / "a")
 
-
-
-def test_the_next_item_is_made_on_a_host_thread_in_order_and_its_error_reaches_the_caller():
-    import threading
-
-    made_on = []
-
-    def make(item):
-        made_on.append(threading.current_thread().name)
-        if item == "bad":
-            raise ValueError("cannot read bad")
-        return item.upper()
-
-    assert list(predict.one_ahead(["a", "b", "c"], make)) == ["A", "B", "C"]
-    assert all(name.startswith("predict-ahead") for name in made_on)
-    ahead = predict.one_ahead(["a", "bad"], make)
-    assert next(ahead) == "A"
-    with pytest.raises(ValueError, match="cannot read bad"):
-        next(ahead)
-    assert list(predict.one_ahead([], make)) == []

@@ -9,7 +9,7 @@ import pytest
 import torch
 from transformers.models.qwen3_vl.video_processing_qwen3_vl import Qwen3VLVideoProcessor
 
-from videosft.training.batches import BatchesAhead, collate
+from videosft.training.batches import BatchesAhead, collate, one_ahead
 from videosft.media.pixels import stored_frames
 
 # Qwen3-VL's video processor at its published geometry: two 32x32 frames make a 1x2x2 grid
@@ -121,3 +121,21 @@ def test_pixels_made_where_taken_refuse_a_grid_other_than_the_samples():
     with pytest.raises(Exception, match="sample b: the video processor makes grid \\[1, 2, 2\\]"):
         batches.take([0])
     batches.close()
+
+
+def test_the_next_item_is_made_on_a_host_thread_in_order_and_its_error_reaches_the_caller():
+    made_on = []
+
+    def make(item):
+        made_on.append(threading.current_thread().name)
+        if item == "bad":
+            raise ValueError("cannot read bad")
+        return item.upper()
+
+    assert list(one_ahead(["a", "b", "c"], make)) == ["A", "B", "C"]
+    assert all(name.startswith("one-ahead") for name in made_on)
+    ahead = one_ahead(["a", "bad"], make)
+    assert next(ahead) == "A"
+    with pytest.raises(ValueError, match="cannot read bad"):
+        next(ahead)
+    assert list(one_ahead([], make)) == []

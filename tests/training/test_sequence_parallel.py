@@ -93,28 +93,37 @@ def test_one_run_of_video_tokens_holds_several_pairs_and_a_mismatch_is_named():
 
 
 @pytest.mark.parametrize("packed", [False, True], ids=["unpacked", "packed"])
-def test_a_shard_of_decoded_frames_makes_the_pixels_of_a_shard_of_pixels(packed):
-    """On a GPU the host thread cuts decoded frames (the device makes their pixels); on the CPU it cuts
-    pixels: the same rank gets the same pixels, grids and tokens either way."""
+def test_each_rank_decodes_only_its_own_frames_and_gets_the_same_pixels_on_host_or_device(packed, monkeypatch):
+    """A rank of a group decodes only the frames of its own frame pairs (at 512 frames, n times less host
+    work than decoding the sample and cutting the pixels); whether the processor then runs on the host
+    thread (CPU) or where the batch goes (GPU), the rank gets the same pixels, grids and tokens."""
     import torch
 
-    from sequence_parallel_worker import LAYOUTS, sample, video_processor
+    from sequence_parallel_worker import LAYOUTS, PAIRS, sample, video_processor
+    from videosft.media.pixels import EncodedFrames
     from videosft.training.batches import BatchesAhead
     from videosft.training.sequence_shards import SequenceGroup
 
+    decoded = []
+    decode = EncodedFrames.decode
+    monkeypatch.setattr(EncodedFrames, "decode", lambda frames: decoded.append(len(frames)) or decode(frames))
     rows = [sample("qwen3_vl", i, layout) for i, layout in enumerate(LAYOUTS[:3])]
+
     def positions(batch):  # what is cut, not what it holds, is under test here
         return torch.arange(batch["input_ids"].shape[1]).expand(3, 1, -1)
 
+    wanted = [0, 1, 2] if packed else [1]
     for place in range(3):
         made = {}
         for on_device in (False, True):
-            group = SequenceGroup(group=None, place=place, n=3, merge=2)
+            decoded.clear()
             batches = BatchesAhead(lambda indices: [rows[i] for i in indices], 0, video_processor("qwen3_vl"),
                                    torch.device("cpu"), positions, pack=packed, pixels_on_device=on_device,
-                                   shard=group.shard)
-            made[on_device] = batches.take([0, 1, 2] if packed else [1])
+                                   shard=SequenceGroup(group=None, place=place, n=3, merge=2).shard)
+            made[on_device] = batches.take(wanted)
             batches.close()
+            assert sum(decoded) == 2 * int(made[on_device]["video_grid_thw"][:, 0].sum())  # 2 frames a pair
+            assert sum(decoded) < 2 * PAIRS * len(wanted)  # not the whole sample's
         assert made[True]["sequence"] == made[False]["sequence"]
         tensors = [key for key, value in made[False].items() if torch.is_tensor(value)]
         assert set(tensors) == {key for key, value in made[True].items() if torch.is_tensor(value)}

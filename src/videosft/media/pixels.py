@@ -15,6 +15,7 @@ float16 as the store held them before (the model widens them to its own dtype on
 
 from __future__ import annotations
 
+import dataclasses
 import io
 from pathlib import Path
 
@@ -50,17 +51,41 @@ def load_video_processor(model_dir: Path):
     return AutoVideoProcessor.from_pretrained(model_dir)
 
 
+@dataclasses.dataclass(frozen=True)
+class EncodedFrames:
+    """A sample's stored frames, not decoded yet: a rank that shares the sample with others
+    (train.sequence_parallel) decodes only its own frame pairs' frames."""
+    images: tuple[bytes, ...]
+    shape: tuple[int, ...]  # (frames, 3, height, width) of these frames
+    window_id: str
+
+    @classmethod
+    def of(cls, row: dict) -> "EncodedFrames":
+        return cls(tuple(row["frames"]), tuple(row["frames_shape"]), row["window_id"])
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+    def __getitem__(self, part: slice) -> "EncodedFrames":
+        images = self.images[part]
+        return EncodedFrames(images, (len(images), *self.shape[1:]), self.window_id)
+
+    def decode(self):
+        """The frames the processor was given: torch uint8, ``(T, 3, H, W)``."""
+        import torch
+        from PIL import Image
+
+        array = np.stack([np.asarray(Image.open(io.BytesIO(image)).convert("RGB")) for image in self.images])
+        frames = torch.from_numpy(array).permute(0, 3, 1, 2).contiguous()  # channels first, as the processor got them
+        if tuple(frames.shape) != tuple(self.shape):
+            raise InputError(f"sample {self.window_id}: its frames decode to {list(frames.shape)}, the store says "
+                             f"{list(self.shape)}; the samples file is damaged, preprocess again")
+        return frames
+
+
 def frames_of(row: dict):
     """The frames the processor was given, decoded from the row: torch uint8, ``(T, 3, H, W)``."""
-    import torch
-    from PIL import Image
-
-    array = np.stack([np.asarray(Image.open(io.BytesIO(image)).convert("RGB")) for image in row["frames"]])
-    frames = torch.from_numpy(array).permute(0, 3, 1, 2).contiguous()  # channels first, as the processor got them
-    if list(frames.shape) != list(row["frames_shape"]):
-        raise InputError(f"sample {row['window_id']}: its frames decode to {list(frames.shape)}, the store says "
-                         f"{list(row['frames_shape'])}; the samples file is damaged, preprocess again")
-    return frames
+    return EncodedFrames.of(row).decode()
 
 
 def pixel_values_videos(row: dict, video_processor):

@@ -14,8 +14,8 @@ cannot be decoded, or a window that cannot be encoded, is recorded with its reas
 go on. With ``predict.videos: val`` the windows are the window stage's val windows, and the
 merged ranges are scored against the annotations in source time (``evaluation.json``). The next
 video is opened, decoded and prompted on a host thread while the model answers the current one
-(:func:`one_ahead`); the summary's seconds per part therefore overlap, and windows/s is counted over
-the wall time after the model's load.
+(:func:`videosft.training.batches.one_ahead`); the summary's seconds per part therefore overlap, and
+windows/s is counted over the wall time after the model's load.
 
     python -m videosft.stages.predict --config config.yaml --adapter results/train/adapter --out results/predict
     python -m videosft.stages.predict --config config.yaml --out results/predict    # model.path merged (export)
@@ -26,9 +26,7 @@ from __future__ import annotations
 import dataclasses
 import shutil
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Callable
 
 from .. import config as config_lib
 from ..config import View
@@ -41,6 +39,7 @@ from ..evaluation.cutlist import evaluate_in_source_time, merge_votes, timeline,
     write_timelines
 from ..evaluation.generation import greedy_answers
 from ..kernels import autotune
+from ..training.batches import one_ahead
 from ..media.timeline import window_bounds
 from ..media.video import VideoFile
 from ..models.loading import load_model
@@ -123,18 +122,6 @@ def answer_video(video: Prompted, model, processor, cfg: View, rejects: Rejects,
             "merge": {"min_agreement": cfg.predict.min_agreement}, "windows": video.results,
             "source_windows": [{"window_id": w["window_id"], "keep_source": w.get("keep_source") or []}
                                for w in video.source_windows]}
-
-
-def one_ahead(items: list, make: Callable):
-    """``make(item)`` for each item in order, the next one made on a host thread while the caller works on
-    the current: a video's frames are decoded and its prompts made while the model answers the one before
-    (decord, the image processor and the tokenizer spend their time outside the interpreter's lock)."""
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="predict-ahead") as pool:
-        pending = pool.submit(make, items[0]) if items else None
-        for position in range(len(items)):
-            made = pending.result()
-            pending = pool.submit(make, items[position + 1]) if position + 1 < len(items) else None
-            yield made
 
 
 def write_outputs(result: dict, out: Path, render: bool) -> dict[str, str]:

@@ -16,10 +16,11 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Callable
 
 from ..encoding.chat import IGNORE_INDEX
-from ..media.pixels import frames_of, pixel_values_videos, pixels_of_frames
+from ..media.pixels import EncodedFrames, pixel_values_videos, pixels_of_frames
 
-# A host batch made for a GPU carries each sample's decoded uint8 frames (and its window id, for errors)
-# instead of its pixels: the processor runs on the device (BatchesAhead.take).
+# A host batch made for a GPU, or shared by a sequence-parallel group, carries each sample's stored frames
+# (EncodedFrames until BatchesAhead decodes the ones its rank needs; and the window ids, for errors) instead
+# of its pixels: the processor runs where the batch goes (BatchesAhead.take).
 FRAMES, WINDOW_IDS = "video_frames", "window_ids"
 
 
@@ -28,7 +29,7 @@ def collate(rows: list[dict], pad_id: int, video_processor, left: bool = False, 
     ``video_processor`` (:mod:`videosft.media.pixels`) and stay float16 (the model casts them to its own
     dtype on the device: float16 widens exactly, so the model sees the same values).
     ``left`` pads on the left, as batched generation needs (every prompt ends where answers begin).
-    ``frames_only`` keeps the decoded frames (``FRAMES``) for the device to make the pixels of."""
+    ``frames_only`` keeps the stored frames, not decoded yet (``FRAMES``), instead of the pixels."""
     import torch
 
     length = max(len(row["input_ids"]) for row in rows)
@@ -48,7 +49,7 @@ def collate(rows: list[dict], pad_id: int, video_processor, left: bool = False, 
         "video_grid_thw": torch.tensor([row["video_grid_thw"] for row in rows], dtype=torch.long),
     }
     if frames_only:
-        batch[FRAMES], batch[WINDOW_IDS] = [frames_of(row) for row in rows], [row["window_id"] for row in rows]
+        batch[FRAMES], batch[WINDOW_IDS] = [EncodedFrames.of(row) for row in rows], [row["window_id"] for row in rows]
     else:
         batch["pixel_values_videos"] = torch.cat([pixel_values_videos(row, video_processor) for row in rows])
     if rows[0].get("second_per_grid") is not None:  # Qwen2.5-VL's time step; without it the model assumes 1 s
@@ -131,10 +132,21 @@ def prepare(rows: list[dict], pad_id: int, video_processor, positions, pin: bool
         position_ids = positions(batch)
         if position_ids is not None:
             batch["position_ids"] = position_ids
-    if pin:  # page-locked, so the copy to the device runs asynchronously and at full speed
-        batch = {key: value if key == WINDOW_IDS else [v.pin_memory() for v in value] if key == FRAMES
-                 else value.pin_memory() for key, value in batch.items()}
-    return batch
+    return pinned(batch) if pin else batch
+
+
+def pinned(batch: dict) -> dict:
+    """The batch's tensors (decoded frames too) page-locked, so that copies to the device run asynchronously."""
+    import torch
+
+    def pin(value):
+        if torch.is_tensor(value):
+            return value.pin_memory()
+        if isinstance(value, list) and value and torch.is_tensor(value[0]):
+            return [v.pin_memory() for v in value]
+        return value
+
+    return {key: pin(value) for key, value in batch.items()}
 
 
 class BatchesAhead:
@@ -147,9 +159,10 @@ class BatchesAhead:
     than the one later taken is harmless: the stale one is discarded.
 
     With ``pixels_on_device`` (the default on a GPU) the host thread only decodes the frames; `take`
-    makes their pixels on the device. On the host the processor's float work for a 128-frame sample
-    (about 0.6 s on 16 cores) ran beside the step and slowed its launches: the step was 12% slower
-    whenever a batch was being prepared (bench/RESULTS.md, issue 30).
+    makes their pixels on the device, so the processor's float work (about 0.6 s on 16 cores for a
+    128-frame sample) no longer runs on the host beside the step (+0.9% tokens/s at 128 frames on one
+    H200, bench/RESULTS.md). With ``shard`` (train.sequence_parallel) the frames stay encoded until this
+    rank's part of the batch is cut, so each rank decodes only its own frame pairs' frames.
     """
 
     def __init__(self, read: Callable[[list[int]], list[dict]], pad_id: int, video_processor, device, positions=None,
@@ -165,9 +178,22 @@ class BatchesAhead:
         self.pending: tuple[list[int], Future] | None = None
 
     def _read_and_prepare(self, positions: list[int]) -> dict:
-        batch = prepare(self.read(positions), self.pad_id, self.video_processor, self.positions, self.pin, self.pack,
-                        self.pixels_on_device)
-        return self.shard(batch) if self.shard else batch
+        import torch
+
+        # frames stay encoded until this rank's part is known: a rank that shares the sample decodes only its own
+        frames_only = self.pixels_on_device or self.shard is not None
+        batch = prepare(self.read(positions), self.pad_id, self.video_processor, self.positions, False, self.pack,
+                        frames_only)
+        if self.shard:
+            batch = self.shard(batch)
+        if FRAMES in batch:
+            batch[FRAMES] = [frames.decode() for frames in batch[FRAMES]]
+            if not self.pixels_on_device:
+                grids = batch["video_grid_thw"].tolist()
+                batch["pixel_values_videos"] = torch.cat([
+                    pixels_of_frames(frames, grid, self.video_processor, name)
+                    for frames, grid, name in zip(batch.pop(FRAMES), grids, batch.pop(WINDOW_IDS))])
+        return pinned(batch) if self.pin else batch
 
     def announce(self, positions: list[int]) -> None:
         self.pending = (list(positions), self.pool.submit(self._read_and_prepare, list(positions)))
@@ -191,3 +217,15 @@ class BatchesAhead:
 
     def close(self) -> None:
         self.pool.shutdown(wait=True, cancel_futures=True)
+
+
+def one_ahead(items: list, make: Callable):
+    """``make(item)`` for each item in order, the next one made on a host thread while the caller works on
+    the current: a video's frames are decoded and its prompts made while the model answers the one before
+    (decord, the image processor and the tokenizer spend their time outside the interpreter's lock)."""
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="one-ahead") as pool:
+        pending = pool.submit(make, items[0]) if items else None
+        for position in range(len(items)):
+            made = pending.result()
+            pending = pool.submit(make, items[position + 1]) if position + 1 < len(items) else None
+            yield made

@@ -6,7 +6,8 @@ patch), each pair on its own; a pair's visual tokens are a contiguous run of the
 only between pairs gives every rank the pixels of exactly the visual tokens of its slice, so each rank
 runs the vision tower on its own frames and scatters them into its own slice. The cuts are the pair
 starts nearest to equal token shares, and every rank gets at least one pair: under ZeRO-3 every rank
-must run the vision tower, or the others wait for its gathers.
+must run the vision tower, or the others wait for its gathers. The cut is made on the host before any
+frame is decoded (:class:`videosft.media.pixels.EncodedFrames`): a rank decodes only its own frames.
 
 **Positions for the whole sequence.** The multimodal rotary positions (and a pack's restarting text
 positions) are computed on the host for the whole sequence by the model's own function, then sliced;
