@@ -18,12 +18,9 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from test_packing import TOKENS, VOCAB, video_processor  # beside this file
-from test_packing import sample as packing_sample
+from test_packing import sample as packing_sample, tiny_model as packing_model, video_processor  # beside this file
 from videosft.encoding.chat import IGNORE_INDEX
 from videosft.kernels import packed_attention, ulysses
-from videosft.kernels.gated_deltanet import select_gated_delta_rule
-from videosft.kernels.vision_attention import batch_vision_attention
 from videosft.models.lora import target_module_names
 from videosft.training.batches import host_positions, prepare
 from videosft.training.sequence_shards import groups, shard_batch, shard_loss, split_sequence, supervised_count
@@ -34,45 +31,9 @@ LAYOUTS = [(9, 5, 4), (60, 20, 9), (20, 8, 6), (14, 30, 5)]
 
 
 def tiny_model(family: str):
-    """A tiny model of the family whose head counts split over 4 ranks."""
-    from transformers import (Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration, Qwen3_5Config,
-                              Qwen3_5ForConditionalGeneration, Qwen3VLConfig, Qwen3VLForConditionalGeneration)
-
-    torch.manual_seed(0)
-    vision = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64)
-    text = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                num_key_value_heads=4)
-    if family == "qwen3_5":
-        config = Qwen3_5Config(
-            text_config=dict(**text, head_dim=16, linear_key_head_dim=8, linear_value_head_dim=8,
-                             linear_num_key_heads=4, linear_num_value_heads=8,
-                             layer_types=["linear_attention", "full_attention"],
-                             rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
-                                              "partial_rotary_factor": 0.5, "mrope_section": [2, 1, 1],
-                                              "mrope_interleaved": True}),
-            vision_config=dict(**vision, patch_size=16, temporal_patch_size=2, spatial_merge_size=2,
-                               num_position_embeddings=16), **TOKENS)
-        model = Qwen3_5ForConditionalGeneration(config)
-        with torch.no_grad():  # slow decay: a state carried across a boundary would last
-            for layer in model.model.language_model.layers:
-                if hasattr(layer, "linear_attn"):
-                    layer.linear_attn.A_log.fill_(-4.0)
-    elif family == "qwen3_vl":
-        config = Qwen3VLConfig(
-            text_config=dict(**text, head_dim=16, rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
-                                                                   "mrope_section": [4, 2, 2],
-                                                                   "mrope_interleaved": True}),
-            vision_config=dict(**vision, patch_size=16, num_position_embeddings=16, deepstack_visual_indexes=[0]),
-            tie_word_embeddings=False, **TOKENS)
-        model = Qwen3VLForConditionalGeneration(config)
-    else:
-        config = Qwen2_5_VLConfig(
-            text_config=dict(**text, rope_scaling={"type": "mrope", "mrope_section": [2, 3, 3]}),
-            vision_config=dict(**vision, patch_size=14, fullatt_block_indexes=[0]), **TOKENS)
-        model = Qwen2_5_VLForConditionalGeneration(config)
-    model.eval()
-    select_gated_delta_rule(model, torch.device("cpu"), 256)
-    batch_vision_attention(model)
+    """The packing tests' tiny model with head counts that split over 4 ranks, its full attention bound as
+    the train stage binds it."""
+    model = packing_model(family, split_over=4)
     packed_attention.bind(model)
     return model
 

@@ -41,14 +41,17 @@ FRAMES = {"qwen3_5": (32, 64), "qwen3_vl": (32, 64), "qwen2_5_vl": (28, 56)}
 LAYOUTS = [(9, 5, 4), (50, 20, 9), (20, 8, 6)]
 
 
-def tiny_model(family: str):
+def tiny_model(family: str, split_over: int = 2):
+    """A tiny model of the family; ``split_over`` 4 gives every head count of its language model four
+    (or eight) heads, so that they split over four sequence-parallel ranks."""
     torch.manual_seed(0)
     vision = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64)
+    kv = max(2, split_over)
     if family == "qwen3_5":
         config = Qwen3_5Config(
             text_config=dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                             num_attention_heads=4, num_key_value_heads=2, head_dim=32, linear_key_head_dim=16,
-                             linear_value_head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4,
+                             num_attention_heads=4, num_key_value_heads=kv, head_dim=32, linear_key_head_dim=16,
+                             linear_value_head_dim=16, linear_num_key_heads=kv, linear_num_value_heads=2 * kv,
                              layer_types=["linear_attention", "full_attention"],
                              rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
                                               "partial_rotary_factor": 0.25, "mrope_section": [2, 1, 1],
@@ -63,7 +66,7 @@ def tiny_model(family: str):
     elif family == "qwen3_vl":
         config = Qwen3VLConfig(
             text_config=dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                             num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                             num_attention_heads=4, num_key_value_heads=kv, head_dim=16,
                              rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
                                               "mrope_section": [4, 2, 2], "mrope_interleaved": True}),
             vision_config=dict(**vision, patch_size=16, num_position_embeddings=16, deepstack_visual_indexes=[0]),
@@ -72,7 +75,7 @@ def tiny_model(family: str):
     else:
         config = Qwen2_5_VLConfig(
             text_config=dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                             num_attention_heads=4, num_key_value_heads=2,
+                             num_attention_heads=4, num_key_value_heads=kv,
                              rope_scaling={"type": "mrope", "mrope_section": [2, 3, 3]}),
             vision_config=dict(**vision, patch_size=14, fullatt_block_indexes=[0]), **TOKENS)
         model = Qwen2_5_VLForConditionalGeneration(config)
