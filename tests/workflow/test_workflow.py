@@ -6,6 +6,7 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -324,14 +325,18 @@ def test_forcerun_and_until_plan_what_the_readme_says(full_run):
 
 def test_predict_writes_cut_lists_for_every_demo_video(full_run):
     """`snakemake predict` (not part of the default target): ranges and editor timelines for every
-    video of a folder."""
+    video of a folder of new videos (two of the demo's, copied)."""
     import opentimelineio as otio
 
     assert planned_jobs(snakemake(full_run, "-n").stdout) == {}  # the default target does not predict
-    folder = snakemake(full_run, "--cores", "2", "predict", "--config", "predict={'videos': 'data/demo/videos'}")
+    new = full_run / "new_videos"
+    new.mkdir()
+    for video in sorted((full_run / "data/demo/videos").glob("*.mp4"))[:2]:
+        shutil.copy(video, new / video.name)
+    folder = snakemake(full_run, "--cores", "2", "predict", "--config", "predict={'videos': 'new_videos'}")
     assert folder.returncode == 0
     summary = json.loads((full_run / "results/predict/summary.json").read_text())
-    videos = sorted(path.name for path in (full_run / "data/demo/videos").glob("*.mp4"))
+    videos = sorted(path.name for path in new.glob("*.mp4"))
     assert sorted(summary["outputs"]) == videos and summary["predicted"] == len(videos)
     for files in summary["outputs"].values():
         keep = json.loads((full_run / files["otio"]).parent.joinpath("keep.json").read_text())
@@ -342,7 +347,7 @@ def test_predict_writes_cut_lists_for_every_demo_video(full_run):
 
     # report.source_time puts predict's evaluation in the report: new videos have none, and it says so
     (full_run / "shown.yaml").write_text("report: {source_time: true}\n")
-    shown = ["--configfile", "shown.yaml", "--config", "predict={'videos': 'data/demo/videos'}"]
+    shown = ["--configfile", "shown.yaml", "--config", "predict={'videos': 'new_videos'}"]
     assert planned_jobs(snakemake(full_run, "-n", *shown).stdout) == {"report": 1, "all": 1}
     assert snakemake(full_run, "--cores", "2", *shown).returncode == 0
     page = (full_run / "results/report/evaluation.html").read_text()
