@@ -159,7 +159,7 @@ def main() -> None:
     results = []
     for run in options["runs"]:
         n = run["n"]
-        made = [dist.new_group(ranks) for ranks in groups(world, n)[0]]  # every rank makes every group, in order
+        made = [dist.new_group(ranks) for ranks in groups(world, n)]  # every rank makes every group, in order
         results += [{"n": n, **check(case, n, rank, world, made[rank // n], rank % n)} for case in run["cases"]]
     everything = [None] * world
     dist.all_gather_object(everything, results)

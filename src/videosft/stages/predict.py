@@ -157,15 +157,14 @@ def predict(cfg: View, adapter: Path | None, windows_path: Path | None, out: Pat
     rejects = Rejects(out / "rejects.jsonl", kept_rejects)
     outputs, results = {}, []
     started = time.perf_counter()
-    items = list(enumerate(videos.items()))
-    prompted = one_ahead(items, lambda item: prompt_video(Path(item[1][0][0]), item[1][1], processor, cfg, rejects,
-                                                          timings))
-    for (index, ((path, _query), _windows)), video in zip(items, prompted):
+    sources = [(Path(path), windows) for (path, _query), windows in videos.items()]
+    prompted = one_ahead(sources, lambda source: prompt_video(*source, processor, cfg, rejects, timings))
+    for index, ((path, _windows), video) in enumerate(zip(sources, prompted)):
         if video is None:
             continue
         result = answer_video(video, model, processor, cfg, rejects, timings)
         results.append(result)
-        outputs[result["name"]] = write_outputs(result, out / f"{index:04d}-{Path(path).stem}",
+        outputs[result["name"]] = write_outputs(result, out / f"{index:04d}-{path.stem}",
                                                 cfg.predict.render)
         print(f"predict: {result['name']}: {len(result['ranges'])} ranges, {result['kept_seconds']:.1f} of "
               f"{result['duration']:.1f} s kept, {sum(not w.get('parsed', True) for w in result['windows'])} of "

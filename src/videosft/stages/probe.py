@@ -25,8 +25,7 @@ from ..models.checkpoint import CheckpointError, build_meta_model, config_dtype,
     read_checkpoint, tokenizer_agreement
 from ..models.lora import coverage
 from ..provenance import existing_path, exit_after, run_record, stage_parser
-from ..errors import ConfigError
-from ..training.sequence_shards import check_sequence_parallel
+from ..training.sequence_shards import allowed_sizes
 from ..training.memory import PlanOptions, longest_sample, micro_batch_words, model_facts, probe_plan
 
 
@@ -90,19 +89,7 @@ def memory_plan(model, cfg: View, trainable: int, manifest: Path) -> dict:
     ds_zero = json.loads(Path(cfg.train.deepspeed_config).read_text())["zero_optimization"]
     facts = model_facts(model, int(ds_zero.get("stage3_param_persistence_threshold", 1e5)))
     return probe_plan(facts, longest_sample(manifest), trainable, ds_zero, PlanOptions.of(cfg.train),
-                      cfg.memory.gpu_memory_gib, cfg.memory.world_sizes, sequence_sizes(model.config.get_text_config()))
-
-
-def sequence_sizes(text_config, candidates=(1, 2, 4, 8)) -> list[int]:
-    """The train.sequence_parallel sizes this model's head counts allow, among ``candidates``."""
-    allowed = []
-    for n in candidates:
-        try:
-            check_sequence_parallel(n, n, text_config, 1)
-        except ConfigError:
-            continue
-        allowed.append(n)
-    return allowed
+                      cfg.memory.gpu_memory_gib, cfg.memory.world_sizes, allowed_sizes(model.config.get_text_config()))
 
 
 def print_summary(result: dict) -> None:

@@ -19,9 +19,9 @@ from ..encoding.chat import IGNORE_INDEX
 from ..media.pixels import EncodedFrames, pixel_values_videos, pixels_of_frames
 
 # A host batch made for a GPU, or shared by a sequence-parallel group, carries each sample's stored frames
-# (EncodedFrames until BatchesAhead decodes the ones its rank needs; and the window ids, for errors) instead
-# of its pixels: the processor runs where the batch goes (BatchesAhead.take).
-FRAMES, WINDOW_IDS = "video_frames", "window_ids"
+# (EncodedFrames until BatchesAhead decodes the ones its rank needs, then their window ids and tensors)
+# instead of its pixels: the processor runs where the batch goes (BatchesAhead.take).
+FRAMES = "video_frames"
 
 
 def collate(rows: list[dict], pad_id: int, video_processor, left: bool = False, frames_only: bool = False) -> dict:
@@ -49,7 +49,7 @@ def collate(rows: list[dict], pad_id: int, video_processor, left: bool = False, 
         "video_grid_thw": torch.tensor([row["video_grid_thw"] for row in rows], dtype=torch.long),
     }
     if frames_only:
-        batch[FRAMES], batch[WINDOW_IDS] = [EncodedFrames.of(row) for row in rows], [row["window_id"] for row in rows]
+        batch[FRAMES] = [EncodedFrames.of(row) for row in rows]
     else:
         batch["pixel_values_videos"] = torch.cat([pixel_values_videos(row, video_processor) for row in rows])
     if rows[0].get("second_per_grid") is not None:  # Qwen2.5-VL's time step; without it the model assumes 1 s
@@ -91,7 +91,7 @@ def collate_pack(rows: list[dict], video_processor, positions, frames_only: bool
         "cu_seq_lens_q": torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.long),
     }
     if frames_only:
-        batch[FRAMES], batch[WINDOW_IDS] = [b[FRAMES][0] for b in alone], [b[WINDOW_IDS][0] for b in alone]
+        batch[FRAMES] = [b[FRAMES][0] for b in alone]
     else:
         batch["pixel_values_videos"] = torch.cat([b["pixel_values_videos"] for b in alone])
     if "second_per_grid_ts" in alone[0]:
@@ -142,8 +142,8 @@ def pinned(batch: dict) -> dict:
     def pin(value):
         if torch.is_tensor(value):
             return value.pin_memory()
-        if isinstance(value, list) and value and torch.is_tensor(value[0]):
-            return [v.pin_memory() for v in value]
+        if isinstance(value, list) and value and isinstance(value[0], tuple):  # decoded frames
+            return [(name, frames.pin_memory()) for name, frames in value]
         return value
 
     return {key: pin(value) for key, value in batch.items()}
@@ -187,13 +187,18 @@ class BatchesAhead:
         if self.shard:
             batch = self.shard(batch)
         if FRAMES in batch:
-            batch[FRAMES] = [frames.decode() for frames in batch[FRAMES]]
+            batch[FRAMES] = [(frames.window_id, frames.decode()) for frames in batch[FRAMES]]
             if not self.pixels_on_device:
-                grids = batch["video_grid_thw"].tolist()
-                batch["pixel_values_videos"] = torch.cat([
-                    pixels_of_frames(frames, grid, self.video_processor, name)
-                    for frames, grid, name in zip(batch.pop(FRAMES), grids, batch.pop(WINDOW_IDS))])
+                batch["pixel_values_videos"] = self.pixels(batch.pop(FRAMES), batch["video_grid_thw"])
         return pinned(batch) if self.pin else batch
+
+    def pixels(self, frames: list, grids, device=None):
+        """``pixel_values_videos`` of decoded frames ((window id, frames) per video), made on ``device``."""
+        import torch
+
+        return torch.cat([pixels_of_frames(decoded if device is None else decoded.to(device, non_blocking=self.pin),
+                                           grid, self.video_processor, name)
+                          for (name, decoded), grid in zip(frames, grids.tolist())])
 
     def announce(self, positions: list[int]) -> None:
         self.pending = (list(positions), self.pool.submit(self._read_and_prepare, list(positions)))
@@ -207,12 +212,9 @@ class BatchesAhead:
             host = self._read_and_prepare(list(positions))
         self.pending = None
         batch = {key: value.to(self.device, non_blocking=self.pin) if torch.is_tensor(value) else value
-                 for key, value in host.items() if key not in (FRAMES, WINDOW_IDS)}
+                 for key, value in host.items() if key != FRAMES}
         if FRAMES in host:
-            grids = host["video_grid_thw"].tolist()
-            batch["pixel_values_videos"] = torch.cat([
-                pixels_of_frames(frames.to(self.device, non_blocking=self.pin), grid, self.video_processor, name)
-                for frames, grid, name in zip(host[FRAMES], grids, host[WINDOW_IDS])])
+            batch["pixel_values_videos"] = self.pixels(host[FRAMES], host["video_grid_thw"], self.device)
         return batch
 
     def close(self) -> None:

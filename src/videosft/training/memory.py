@@ -205,10 +205,9 @@ def plan_peak(model: ModelFacts, sample: SampleFacts, trainable: int, world: int
     p = precision_bytes(precision)
     reduce_bucket = int(ds_zero.get("reduce_bucket_size", 5e8))
     n = sequence_parallel
-    pair_tokens = sample.visual_tokens / max(1, sample.frames // 2) + sample.text_per_pair
-    tokens = sample.input_tokens / n + pair_tokens if n > 1 else sample.input_tokens
-    patches = (sample.visual_tokens / n + pair_tokens) * model.merge**2 if n > 1 else \
-        sample.visual_tokens * model.merge**2
+    pair_visual = sample.visual_tokens / max(1, sample.frames // 2)  # a rank's share may be one pair over 1/n
+    tokens = sample.input_tokens / n + pair_visual + sample.text_per_pair if n > 1 else sample.input_tokens
+    patches = (sample.visual_tokens / n + pair_visual if n > 1 else sample.visual_tokens) * model.merge**2
     layer_forward = tokens * p * (model.attention_width + 3 * model.intermediate + 4 * model.hidden)
     if checkpointing:
         kept_inputs = 1 if offload_activations else model.layers
@@ -216,7 +215,7 @@ def plan_peak(model: ModelFacts, sample: SampleFacts, trainable: int, world: int
     else:
         activations = model.layers * layer_forward
     logit_positions = sample.supervised_tokens if sliced_logits else tokens
-    patches_per_frame_pair = sample.visual_tokens * model.merge**2 / max(1, sample.frames // 2)
+    patches_per_frame_pair = pair_visual * model.merge**2
     vision = patches * p * (4 * model.vision_hidden + model.vision_intermediate) + \
         patches_per_frame_pair**2 * model.vision_heads * p
     weights_on_host = ds_zero.get("offload_param", {}).get("device", "none") in ("cpu", "nvme")

@@ -33,7 +33,21 @@ import dataclasses
 
 from ..encoding.chat import IGNORE_INDEX
 from ..errors import ConfigError
-from .batches import FRAMES, WINDOW_IDS
+from .batches import FRAMES
+
+
+def head_counts(text_config) -> dict[str, int]:
+    """The language model's head counts that a sequence-parallel size must divide."""
+    heads = {"attention heads": text_config.num_attention_heads, "key/value heads": text_config.num_key_value_heads}
+    if getattr(text_config, "linear_num_value_heads", None):
+        heads["Gated-DeltaNet value heads"] = text_config.linear_num_value_heads
+        heads["Gated-DeltaNet key heads"] = text_config.linear_num_key_heads
+    return heads
+
+
+def allowed_sizes(text_config, candidates=(1, 2, 4, 8)) -> list[int]:
+    """The sizes among ``candidates`` that divide every head count (what the probe plans for)."""
+    return [n for n in candidates if all(count % n == 0 for count in head_counts(text_config).values())]
 
 
 def check_sequence_parallel(n: int, world: int, text_config, micro_batch_size: int) -> None:
@@ -43,10 +57,7 @@ def check_sequence_parallel(n: int, world: int, text_config, micro_batch_size: i
     problems = []
     if world % n:
         problems.append(f"the world of {world} ranks is not a whole number of groups of {n}")
-    heads = {"attention heads": text_config.num_attention_heads, "key/value heads": text_config.num_key_value_heads}
-    if getattr(text_config, "linear_num_value_heads", None):
-        heads["Gated-DeltaNet value heads"] = text_config.linear_num_value_heads
-        heads["Gated-DeltaNet key heads"] = text_config.linear_num_key_heads
+    heads = head_counts(text_config)
     problems += [f"{count} {what} do not split over {n} ranks" for what, count in heads.items() if count % n]
     if micro_batch_size != 1:
         problems.append(f"train.micro_batch_size is {micro_batch_size}: a shared sequence is one sample or one pack "
@@ -57,11 +68,10 @@ def check_sequence_parallel(n: int, world: int, text_config, micro_batch_size: i
                           + f"({', '.join(f'{w} {c}' for w, c in heads.items())}), or 1 to turn it off")
 
 
-def groups(world: int, n: int) -> tuple[list[list[int]], list[list[int]]]:
-    """The sequence-parallel groups (neighbouring ranks) and the data-parallel groups."""
-    sequence = [list(range(start, start + n)) for start in range(0, world, n)]
-    data = [list(range(place, world, n)) for place in range(n)]
-    return sequence, data
+def groups(world: int, n: int) -> list[list[int]]:
+    """The sequence-parallel groups: neighbouring ranks (ranks at the same place in their groups read as
+    one data-parallel rank, rank // n, and need no group of their own: ZeRO-3 reduces over the world)."""
+    return [list(range(start, start + n)) for start in range(0, world, n)]
 
 
 def frame_pairs(token_types: list[int], grids: list[list[int]], merge: int) -> list[tuple[int, int]]:
@@ -150,8 +160,6 @@ def shard_batch(batch: dict, split: Split, rank: int) -> dict:
     first, last = split.pair_cuts[rank], split.pair_cuts[rank + 1]
     grids = batch["video_grid_thw"].tolist()
     videos = local_videos(grids, first, last)
-    rows_per_pair = [h * w for t, h, w in grids for _ in range(t)]
-    row_start, row_end = sum(rows_per_pair[:first]), sum(rows_per_pair[:last])
     labels = batch["labels"]
     targets = labels[:, start + 1:end + 1]
     if targets.shape[1] < end - start:  # the last position predicts nothing
@@ -160,13 +168,13 @@ def shard_batch(batch: dict, split: Split, rank: int) -> dict:
     shard = {"input_ids": batch["input_ids"][:, start:end], "targets": targets,
              "mm_token_type_ids": batch["mm_token_type_ids"][:, start:end],
              "video_grid_thw": torch.tensor([g for _, _, g in videos], dtype=grid.dtype, device=grid.device)}
-    if FRAMES in batch:  # decoded frames, for the device to make pixels of: each video's frames of its pairs
+    if FRAMES in batch:  # stored frames, decoded after the cut: each video's frames of its pairs
         shard[FRAMES] = [batch[FRAMES][v][first_pair * len(batch[FRAMES][v]) // grids[v][0]:
                                           (first_pair + g[0]) * len(batch[FRAMES][v]) // grids[v][0]]
                          for v, first_pair, g in videos]
-        shard[WINDOW_IDS] = [batch[WINDOW_IDS][v] for v, _, _ in videos]
     else:
-        shard["pixel_values_videos"] = batch["pixel_values_videos"][row_start:row_end]
+        rows_per_pair = [h * w for t, h, w in grids for _ in range(t)]
+        shard["pixel_values_videos"] = batch["pixel_values_videos"][sum(rows_per_pair[:first]):sum(rows_per_pair[:last])]
     if "position_ids" in batch:
         shard["position_ids"] = batch["position_ids"][..., start:end]
     if "second_per_grid_ts" in batch:
@@ -256,5 +264,5 @@ def sequence_group(model_dir, train_cfg, world: int) -> SequenceGroup | None:
     check_sequence_parallel(n, world, config.get_text_config(), 1 if train_cfg.pack_tokens else
                             train_cfg.micro_batch_size)
     rank = dist.get_rank()
-    made = [dist.new_group(ranks) for ranks in groups(world, n)[0]]
+    made = [dist.new_group(ranks) for ranks in groups(world, n)]
     return SequenceGroup(made[rank // n], rank % n, n, config.vision_config.spatial_merge_size)
