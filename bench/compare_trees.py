@@ -84,6 +84,8 @@ def run_one(run: dict, tree: Path, args, model: Path, out: Path, work: Path) -> 
                "peak_allocated_gib": facts["per_rank"]["0"]["peak_allocated_gib"] if "0" in facts["per_rank"]
                else facts["per_rank"][0]["peak_allocated_gib"],
                "input_tokens": steps[0]["input_tokens"], "step0_loss": steps[0]["loss"], "mfu": facts.get("mfu")}
+    if (train_out / "autotune.json").exists():  # the choices this run's autotuning made, a table to ship
+        shutil.copy(train_out / "autotune.json", out / "autotune.json")
     if run["profile"]:
         for path in train_out.glob("profile.rank0*"):
             shutil.copy(path, out / path.name)

@@ -1,9 +1,10 @@
-"""The performance guard: the standard GPU cases, the last accepted figures beside the new ones, and a
-failure where speed dropped or memory grew.
+"""The performance guard: the standard GPU cases on this tree and on the last accepted commit's tree, one
+after the other in the same call, and a failure where speed dropped or memory grew.
 
-    python bench/perf_guard.py --out $OUT                    # run the cases, compare with the ledger
-    python bench/perf_guard.py --out $OUT --record           # and, if nothing regressed, append the run
-    python bench/perf_guard.py --out $OUT --record --reason "packed 4% slower: the loss now ..."
+    git archive $(python bench/perf_guard.py --last-accepted) | (mkdir -p .carry/baseline && tar -x -C .carry/baseline)
+    python bench/perf_guard.py --baseline .carry/baseline --out $OUT                 # compare
+    python bench/perf_guard.py --baseline .carry/baseline --out $OUT --record        # and append if it may stand
+    python bench/perf_guard.py --baseline .carry/baseline --out $OUT --record --reason "packed 4% slower: ..."
     python bench/perf_guard.py --append $OUT/perf_guard.json  # a run made on another machine, into this ledger
 
 Run it on a GPU before landing a change to the train stage, the kernels, sample reading or batching
@@ -17,13 +18,17 @@ Run it on a GPU before landing a change to the train stage, the kernels, sample 
   count the probe plans for that card (``bench/train_throughput.py --cap-gib 12``).
 
 Per case: tokens/s (median step after the first), step seconds, peak allocated and reserved GiB, and
-the step-0 loss. The ledger, ``bench/perf_ledger.jsonl``, holds one line per accepted run: date, commit,
-machine kind, GPU and driver, package versions, the cases' figures, and the reason for any accepted
-loss. The new figures are held to the last accepted line of the same GPU model: a case fails when its
-tokens/s is more than ``SPEED_DROP`` (3%) under it or its peak reserved memory more than
-``MEMORY_RISE`` (2%) over it, unless ``--reason`` says what the change bought; then ``--record``
-writes the reason into the ledger beside the figures. A changed step-0 loss is shown, not failed:
-a change to the math is the golden-loss tests' business (tests/stages/test_train_verify.py).
+the step-0 loss. Machines of one kind differ by more than the bar (the same code ran at 9,904-10,602
+tokens/s at 128 frames on four H200s, bench/RESULTS.md), so the new figures are held to the baseline
+tree's, run by its own benchmark scripts in the same call on the same machine, never to figures of
+another call: a case fails when its tokens/s is more than ``SPEED_DROP`` (3%) under the baseline's or
+its peak reserved memory more than ``MEMORY_RISE`` (2%) over it, unless ``--reason`` says what the
+change bought; then ``--record`` writes the reason into the ledger beside the figures. The baseline
+is the last accepted commit on this GPU model (``--last-accepted`` names it); the ledger,
+``bench/perf_ledger.jsonl``, holds one line per accepted run: date, commit, machine kind, GPU and
+driver, package versions, the cases' figures and the baseline's from the same call, and the reason
+for any accepted loss. A changed step-0 loss is shown, not failed: a change to the math is the
+golden-loss tests' business (tests/stages/test_train_verify.py).
 """
 
 from __future__ import annotations
@@ -47,9 +52,9 @@ CASES = ("fixed128", "packed", "plan12")
 PACKAGES = ("torch", "triton", "transformers", "deepspeed", "peft", "fla-core")
 
 
-def environment() -> dict:
-    """This checkout's package ahead of any installed one, for the stages the cases start."""
-    return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "src"), os.environ.get("PYTHONPATH")]))}
+def environment(tree: Path = ROOT) -> dict:
+    """The tree's package ahead of any installed one, for the stages the cases start."""
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(tree / "src"), os.environ.get("PYTHONPATH")]))}
 
 
 # ---------------------------------------------------------------- the comparison (no GPU needed)
@@ -61,11 +66,12 @@ def last_accepted(ledger: list[dict], gpu: str) -> dict | None:
     return same[-1] if same else None
 
 
-def compare(old: dict | None, new: dict) -> list[dict]:
-    """One row per case and figure: the old value, the new one, the change and whether it fails the guard."""
+def compare(baseline: dict | None, new: dict) -> list[dict]:
+    """One row per case and figure: the baseline's value (same call), the new one, the change and whether it
+    fails the guard. ``baseline`` None: the ledger's first run, nothing to hold it to."""
     rows = []
     for case, figures in new.items():
-        before = (old or {}).get("cases", {}).get(case, {})
+        before = (baseline or {}).get(case, {})
         for figure, value in figures.items():
             previous = before.get(figure)
             change = None if previous in (None, 0) or value is None else value / previous - 1
@@ -91,7 +97,7 @@ def table(rows: list[dict]) -> str:
     def shown(value):
         return "-" if value is None else f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.4g}"
 
-    lines = ["| case | figure | last accepted | this run | change | |", "| --- | --- | ---: | ---: | ---: | --- |"]
+    lines = ["| case | figure | baseline | this tree | change | |", "| --- | --- | ---: | ---: | ---: | --- |"]
     lines += [f"| {r['case']} | {r['figure']} | {shown(r['old'])} | {shown(r['new'])} | "
               f"{'-' if r['change'] is None else format(r['change'], '+.1%')} | {'FAILS' if r['fails'] else ''} |"
               for r in rows]
@@ -120,12 +126,13 @@ def step_figures(per_rank: dict, tokens_per_second: float, loss: float) -> dict:
             "peak_reserved_gib": max(r["peak_reserved_gib"] for r in ranks), "step0_loss": loss}
 
 
-def train_stage_case(out: Path, work: Path, frames: list[int], cap_gib: float | None) -> dict:
-    """The train stage on one GPU through bench/train_throughput.py; its figures at the run's frame count."""
-    command = [sys.executable, str(BENCH / "train_throughput.py"), "--config", str(MODEL), "--gpus", "1",
-               "--steps", "6", "--trainers", "ours", "--no-check", "--work", str(work), "--out", str(out)]
+def train_stage_case(tree: Path, out: Path, work: Path, frames: list[int], cap_gib: float | None) -> dict:
+    """The train stage on one GPU through the tree's bench/train_throughput.py; its figures at the run's
+    frame count."""
+    command = [sys.executable, str(tree / "bench" / "train_throughput.py"), "--config", str(tree / MODEL.relative_to(ROOT)),
+               "--gpus", "1", "--steps", "6", "--trainers", "ours", "--no-check", "--work", str(work), "--out", str(out)]
     command += ["--cap-gib", str(cap_gib), "--planned-frames"] if cap_gib else ["--frames", *map(str, frames)]
-    subprocess.run(command, check=True, cwd=ROOT, env=environment())
+    subprocess.run(command, check=True, cwd=tree, env=environment(tree))
     results = json.loads((out / "train_throughput.json").read_text())
     (frame_count, run), = results["runs"].items()
     facts = run["ours"]
@@ -135,11 +142,13 @@ def train_stage_case(out: Path, work: Path, frames: list[int], cap_gib: float | 
             "frames": int(frame_count)}
 
 
-def packed_case(out: Path) -> dict:
-    """The mixed-length set in packs, through bench/packing.py (its last JSON line is the packed mode's)."""
-    command = [sys.executable, str(BENCH / "packing.py"), "--model-config", str(MODEL), "--device", "cuda",
-               "--modes", "packed", "--no-results"]
-    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, env=environment())
+def packed_case(tree: Path, out: Path) -> dict:
+    """The mixed-length set in packs, through the tree's bench/packing.py (its last JSON line is the packed
+    mode's)."""
+    out.mkdir(parents=True, exist_ok=True)
+    command = [sys.executable, str(tree / "bench" / "packing.py"), "--model-config", str(tree / MODEL.relative_to(ROOT)),
+               "--device", "cuda", "--modes", "packed", "--no-results"]
+    done = subprocess.run(command, cwd=tree, capture_output=True, text=True, env=environment(tree))
     (out / "packing.log").write_text(done.stdout + done.stderr)
     if done.returncode:
         raise RuntimeError(f"bench/packing.py failed; its output: {out / 'packing.log'}\n{done.stderr[-2000:]}")
@@ -187,9 +196,36 @@ def append_run(path: Path) -> int:
     return 0
 
 
+def run_case(case: str, tree: Path, out: Path, work: Path) -> dict:
+    if case == "packed":
+        return packed_case(tree, out / "packed")
+    if case == "fixed128":
+        return train_stage_case(tree, out / case, work, [128], None)
+    return train_stage_case(tree, out / case, work, [], 12.0)
+
+
+def run_pairs(cases: list[str], baseline: Path | None, out: Path, work: Path) -> tuple[dict, dict]:
+    """Each case on the baseline tree, then on this one (one checkpoint for both); the figures of each."""
+    old, new = {}, {}
+    for case in cases:
+        if baseline is not None:
+            old[case] = run_case(case, baseline, out / "baseline", work / "baseline")
+            shared = work / "this" / "model"
+            if not shared.exists() and (work / "baseline" / "model").is_dir():
+                shared.parent.mkdir(parents=True, exist_ok=True)
+                shared.symlink_to((work / "baseline" / "model").resolve())
+        new[case] = run_case(case, ROOT, out / "this", work / "this")
+        print(json.dumps({case: {"baseline": old.get(case), "this": new[case]}}), flush=True)  # a stopped run keeps these
+    return old, new
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, help="where each case writes its results and logs")
+    parser.add_argument("--baseline", type=Path, help="a source tree of the last accepted commit (git archive)")
+    parser.add_argument("--last-accepted", action="store_true",
+                        help="print the last accepted commit on --gpu (the baseline to archive) and stop")
+    parser.add_argument("--gpu", default="NVIDIA H200", help="the GPU model --last-accepted looks for")
     parser.add_argument("--append", type=Path, metavar="PERF_GUARD_JSON",
                         help="append a run made elsewhere (its OUT/perf_guard.json) to this checkout's ledger")
     parser.add_argument("--cases", nargs="+", choices=CASES, default=list(CASES))
@@ -200,27 +236,29 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.append:
         return append_run(args.append)
+    if args.last_accepted:
+        accepted = last_accepted(read_ledger(), args.gpu)
+        print(accepted["commit"] if accepted else f"none: the ledger has no entry for {args.gpu}")
+        return 0 if accepted else 1
     if args.out is None:
         parser.error("--out is required to run the cases")
-    args.out.mkdir(parents=True, exist_ok=True)
-    work = args.work or args.out / "work"
-    runs = {"fixed128": lambda: train_stage_case(args.out / "fixed128", work, [128], None),
-            "packed": lambda: packed_case(args.out),
-            "plan12": lambda: train_stage_case(args.out / "plan12", work, [], 12.0)}
     facts = machine()
-    new = {}
-    for case in args.cases:
-        new[case] = runs[case]()
-        print(json.dumps({case: new[case]}), flush=True)  # a run stopped later keeps the cases done
-    old = last_accepted(read_ledger(), facts["gpu"])
-    rows = compare(old, new)
+    accepted = last_accepted(read_ledger(), facts["gpu"])
+    if accepted and args.baseline is None:
+        parser.error(f"--baseline is required: this tree is measured against the last accepted commit on "
+                     f"{facts['gpu']}, {accepted['commit']}, in the same call (git archive {accepted['commit']} | "
+                     f"tar -x -C DIR; then --baseline DIR)")
+    args.out.mkdir(parents=True, exist_ok=True)
+    old, new = run_pairs(args.cases, args.baseline if accepted else None, args.out, args.work or args.out / "work")
+    rows = compare(old if accepted else None, new)
     ok, why = verdict(rows, args.reason)
-    print(f"performance guard, {facts['gpu']} (driver {facts['driver']}), commit {commit()}; last accepted: "
-          + (f"{old['commit']} of {old['date']}" if old else "none on this GPU model") + "\n")
+    print(f"performance guard, {facts['gpu']} (driver {facts['driver']}), commit {commit()}; baseline: "
+          + (f"{accepted['commit']} (accepted {accepted['date']}), run in this call" if accepted
+             else "none on this GPU model (this run sets the first bar)") + "\n")
     print(table(rows))
     print(f"\n{'ok' if ok else 'FAILED'}: {why}")
     entry = {"date": dt.date.today().isoformat(), "commit": commit(), "kind": args.kind, **facts, "cases": new,
-             "reason": args.reason}
+             "baseline": {"commit": accepted["commit"], "cases": old} if accepted else None, "reason": args.reason}
     (args.out / "perf_guard.json").write_text(json.dumps({"entry": entry, "rows": rows, "ok": ok}, indent=1))
     if ok and args.record:
         append(entry)

@@ -1,4 +1,4 @@
-"""The performance guard's judgement, on recorded figures (the cases themselves need a GPU)."""
+"""The performance guard's judgement, on recorded figures (the cases themselves need a GPU), and the ledger."""
 
 from __future__ import annotations
 
@@ -24,16 +24,16 @@ def failing(rows):
 
 
 def test_a_drop_over_three_percent_or_a_rise_over_two_fails():
-    assert failing(perf_guard.compare(OLD, new(11_600, 10.0))) == [("fixed128", "tokens_per_second")]  # -3.3%
-    assert failing(perf_guard.compare(OLD, new(11_700, 10.0))) == []  # -2.5%
-    assert failing(perf_guard.compare(OLD, new(12_000, 10.25))) == [("fixed128", "peak_reserved_gib")]  # +2.5%
-    assert failing(perf_guard.compare(OLD, new(13_000, 10.15))) == []  # faster, +1.5% memory
-    loss = next(r for r in perf_guard.compare(OLD, new(12_000, 10.0)) if r["figure"] == "step0_loss")
+    assert failing(perf_guard.compare(OLD["cases"], new(11_600, 10.0))) == [("fixed128", "tokens_per_second")]  # -3.3%
+    assert failing(perf_guard.compare(OLD["cases"], new(11_700, 10.0))) == []  # -2.5%
+    assert failing(perf_guard.compare(OLD["cases"], new(12_000, 10.25))) == [("fixed128", "peak_reserved_gib")]  # +2.5%
+    assert failing(perf_guard.compare(OLD["cases"], new(13_000, 10.15))) == []  # faster, +1.5% memory
+    loss = next(r for r in perf_guard.compare(OLD["cases"], new(12_000, 10.0)) if r["figure"] == "step0_loss")
     assert loss["change"] == 0 and not loss["fails"]  # shown, never failed: the golden-loss tests judge the math
 
 
 def test_a_regression_stands_only_with_a_reason_and_the_first_run_sets_the_bar():
-    rows = perf_guard.compare(OLD, new(11_000, 10.0))
+    rows = perf_guard.compare(OLD["cases"], new(11_000, 10.0))
     ok, why = perf_guard.verdict(rows, None)
     assert not ok and "fixed128 tokens_per_second -8.3%" in why and "--reason" in why
     ok, why = perf_guard.verdict(rows, "exact per-sample losses")
@@ -49,8 +49,32 @@ def test_the_bar_is_the_newest_entry_of_the_same_gpu_model(tmp_path):
     entries = perf_guard.read_ledger(ledger)
     assert len(entries) == 3 and perf_guard.last_accepted(entries, "NVIDIA H200")["commit"] == "def5678"
     assert perf_guard.last_accepted(entries, "NVIDIA A100") is None
-    shown = perf_guard.table(perf_guard.compare(entries[1], new(11_000, 10.0)))
+    shown = perf_guard.table(perf_guard.compare(entries[1]["cases"], new(11_000, 10.0)))
     assert "| fixed128 | tokens_per_second | 12,000 | 11,000 | -8.3% | FAILS |" in shown
+
+
+def test_the_baseline_to_archive_is_the_last_accepted_commit_of_the_gpu_model(tmp_path, monkeypatch, capsys):
+    ledger = tmp_path / "perf_ledger.jsonl"
+    monkeypatch.setattr(perf_guard, "LEDGER", ledger)
+    assert perf_guard.main(["--last-accepted"]) == 1 and "no entry for NVIDIA H200" in capsys.readouterr().out
+    for entry in (OLD, {**OLD, "commit": "def5678"}, {**OLD, "gpu": "NVIDIA H100", "commit": "0000000"}):
+        perf_guard.append(entry, ledger)
+    assert perf_guard.main(["--last-accepted"]) == 0 and capsys.readouterr().out.strip() == "def5678"
+    assert perf_guard.main(["--last-accepted", "--gpu", "NVIDIA H100"]) == 0
+    assert capsys.readouterr().out.strip() == "0000000"
+
+
+def test_every_ledger_entry_is_a_real_run_with_its_machine_and_all_its_figures():
+    """The committed ledger holds only runs made on a GPU: a test's made-up entry there would become the bar."""
+    entries = perf_guard.read_ledger()
+    assert entries, "the ledger has its first entry"
+    figures = {"tokens_per_second", "step_seconds", "peak_allocated_gib", "peak_reserved_gib", "step0_loss"}
+    for entry in entries:
+        assert entry["driver"] and entry["kind"].startswith("nvidia-") and entry["gpu"].startswith("NVIDIA")
+        assert set(entry["packages"]) == set(perf_guard.PACKAGES) and all(entry["packages"].values())
+        assert set(entry["cases"]) == set(perf_guard.CASES), entry["commit"]
+        for case, values in entry["cases"].items():
+            assert figures <= set(values) and values["tokens_per_second"] > 0, (entry["commit"], case)
 
 
 def test_a_run_from_the_gpu_machine_is_appended_only_if_it_may_stand(tmp_path, monkeypatch):

@@ -22,7 +22,7 @@ from transformers import (Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration, 
 from transformers.models.qwen2_vl.video_processing_qwen2_vl import Qwen2VLVideoProcessor
 from transformers.models.qwen3_vl.video_processing_qwen3_vl import Qwen3VLVideoProcessor
 
-from videosft.kernels import packed_attention
+from videosft.kernels import attention_backends, packed_attention
 from videosft.training.batches import collate, collate_pack, host_positions, prepare, tokens_in
 from videosft.encoding.chat import IGNORE_INDEX
 from videosft.kernels.gated_deltanet import select_gated_delta_rule
@@ -268,18 +268,30 @@ def test_without_packing_the_cursor_reads_the_slices_it_always_read():
     assert taken == expected and cursor == Cursor(epoch=2, position=2)
 
 
+@pytest.mark.parametrize("buckets", [False, True], ids=["sdpa", "buckets"])
 @pytest.mark.parametrize("family", ["qwen3_5", "qwen3_vl", "qwen2_5_vl"])
-def test_the_bound_packed_attention_runs_each_sample_alone(family):
+def test_the_bound_packed_attention_runs_each_sample_alone(family, buckets, monkeypatch):
     """With videosft.kernels.packed_attention bound, a pack's full-attention layers split at ``cu_seq_lens_q``
     themselves: even with positions running on through the pack (so transformers builds no
     block-diagonal mask, and the unbound model leaks, as the test above shows) every sample's
-    losses are its losses alone; without a pack the bound function is transformers' SDPA."""
-    model, processor = tiny_model(family), video_processor(family)
+    losses are its losses alone; a sample alone runs the same causal attention, with ``buckets``
+    (as on a Hopper GPU) padded to its bucket, and its losses are the unbound model's; a padded
+    batch is transformers' SDPA unchanged."""
+    monkeypatch.setitem(attention_backends._buckets, "on", buckets)
+    padded_from = []
+    bucket_length = attention_backends.bucket_length
+    monkeypatch.setattr(attention_backends, "bucket_length", lambda n: padded_from.append(n) or bucket_length(n))
+    model, processor, unbound = tiny_model(family), video_processor(family), tiny_model(family)
     assert packed_attention.bind(model) == "sdpa"
     assert model.config.get_text_config()._attn_implementation == packed_attention.NAME
     rows = [sample(family, i, layout) for i, layout in enumerate(LAYOUTS)]
     positions = host_positions(model)
-    alone = [token_losses(model, prepare([row], 0, processor, positions, pin=False)) for row in rows]
+    singles = [prepare([row], 0, processor, positions, pin=False) for row in rows]
+    alone = [token_losses(model, single) for single in singles]
+    for got, single in zip(alone, singles):
+        torch.testing.assert_close(got, token_losses(unbound, single), atol=ATOL, rtol=RTOL)
+    lengths = [len(row["input_ids"]) for row in rows]
+    assert sorted(set(padded_from)) == (sorted(set(lengths)) if buckets else [])
     pack = prepare(rows, 0, processor, positions, pin=False, pack=True)
     bounds = pack["cu_seq_lens_q"].tolist()
     through = {**pack, "position_ids": pack["position_ids"].clone()}
@@ -287,5 +299,4 @@ def test_the_bound_packed_attention_runs_each_sample_alone(family):
     for got, expected in zip(per_sample_losses(model, through, bounds), alone):
         torch.testing.assert_close(got, expected, atol=ATOL, rtol=RTOL)
     padded = collate(rows, 0, processor)
-    unbound = tiny_model(family)
     torch.testing.assert_close(token_losses(model, padded), token_losses(unbound, padded), atol=0, rtol=0)

@@ -25,19 +25,35 @@ def packed_sdpa(module, query, key, value, attention_mask, dropout: float = 0.0,
     """transformers' SDPA attention, or with ``cu_seq_lens_q`` (a pack of one row) one causal SDPA per
     sample; query, key and value are (batch, heads, tokens, head size), the output (batch, tokens,
     heads, head size) as transformers' attention functions return it."""
-    import torch
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    from .attention_backends import causal_sdpa
 
     bounds = kwargs.pop("cu_seq_lens_q", None)
     kwargs.pop("cu_seq_lens_k", None)
+    if bounds is None and query.shape[0] == 1 and attention_mask is None and _causal(module, query, key, is_causal):
+        return causal_sdpa(module, query, key, value, dropout, scaling), None
     if bounds is None or query.shape[0] != 1:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       is_causal=is_causal, **kwargs)
-    edges = _edges(bounds)
-    outputs = [sdpa_attention_forward(module, query[:, :, start:end], key[:, :, start:end], value[:, :, start:end],
-                                      None, dropout=dropout, scaling=scaling, is_causal=True)[0]
-               for start, end in zip(edges[:-1], edges[1:])]
-    return torch.cat(outputs, dim=1), None
+    return per_sample(module, query, key, value, _edges(bounds), dropout, scaling), None
+
+
+def per_sample(module, query, key, value, edges: list[int], dropout: float, scaling):
+    """Each sample's causal attention alone (``edges``: where each starts, then the end), concatenated:
+    output (batch, tokens, heads, size)."""
+    import torch
+
+    from .attention_backends import causal_sdpa
+
+    return torch.cat([causal_sdpa(module, query[:, :, start:end], key[:, :, start:end], value[:, :, start:end], dropout,
+                                  scaling) for start, end in zip(edges[:-1], edges[1:])], dim=1)
+
+
+def _causal(module, query, key, is_causal) -> bool:
+    """Whether transformers' SDPA would run this call causally on itself (a whole sequence, no cache)."""
+    wanted = is_causal if is_causal is not None else getattr(module, "is_causal", True)
+    return bool(wanted) and query.shape[2] > 1 and query.shape[2] == key.shape[2]
 
 
 _last: list = [None, None]  # the pack's boundaries tensor and its values on the host

@@ -27,12 +27,13 @@ def before_build(meta_model, device, longest_tokens: int, autotune_table: tuple[
 
 def bind(model, chosen: dict, device, longest_tokens: int, fused: str, packed: bool, padded: bool) -> dict:
     """The rest, on the built model: the fused kernels (checked at ``longest_tokens``, a whole pack when
-    packing), one vision attention per layer, one causal attention per packed sample, and the SDPA
-    backends for padded or unpadded micro-batches."""
+    packing), one vision attention per layer, the language model's causal attention per sample
+    (a pack's or the one sample's, bucketed onto cuDNN's kernel on Hopper), and the SDPA backends for
+    padded or unpadded micro-batches."""
     bound = {**chosen,
              "fused": select_fused_kernels(model, device, longest_tokens, fused),
              "vision_attention_batched": batch_vision_attention(model),
-             "packed_attention": packed_attention.bind(model) if packed else None,
+             "packed_attention": packed_attention.bind(model) if packed or not padded else None,
              "attention": attention_backends.for_batches(device, padded=padded)}
     bound["warnings"] = slow_paths(bound, device)
     return bound

@@ -103,16 +103,12 @@ def to_sequence(y, shard: Shard):
 
 def _causal_sdpa(module, query, key, value, bounds, dropout: float, scaling):
     """Causal attention over the whole sequence, or per sample of a pack; output (batch, tokens, heads, size)."""
-    import torch
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    from .attention_backends import causal_sdpa
+    from .packed_attention import per_sample
 
     if bounds is None:
-        return sdpa_attention_forward(module, query, key, value, None, dropout=dropout, scaling=scaling,
-                                      is_causal=True)[0]
-    edges = list(bounds)
-    return torch.cat([sdpa_attention_forward(module, query[:, :, s:e], key[:, :, s:e], value[:, :, s:e], None,
-                                             dropout=dropout, scaling=scaling, is_causal=True)[0]
-                      for s, e in zip(edges[:-1], edges[1:])], dim=1)
+        return causal_sdpa(module, query, key, value, dropout, scaling)
+    return per_sample(module, query, key, value, list(bounds), dropout, scaling)
 
 
 def ulysses_sdpa(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, is_causal=None,
