@@ -14,7 +14,9 @@ from videosft import config as config_lib
 from videosft.stages import export
 from videosft.stages import predict
 from videosft import reporting as report
-from videosft.evaluation.cutlist import clip_ranges, merge_votes
+from videosft.evaluation.cutlist import merge_votes
+from videosft.media.clock import MediaClock, media_clock
+from videosft.media.editor_timelines import read_ranges
 from videosft.data.rejects import Rejects
 from videosft.data.sample_store import read_samples
 from videosft.data.windows import read_windows, windows_by_video
@@ -79,22 +81,6 @@ def test_merging_overlapping_windows():
     assert merge_votes([{"start": 0.0, "end": 8.0, "ranges": []}], 0.5) == []
 
 
-def test_an_edl_and_fcp_xml_read_back_to_the_same_clips(demo_dir, tmp_path):
-    from videosft.evaluation.cutlist import timeline, write_timelines
-
-    video = sorted((demo_dir / "videos").glob("*.mp4"))[0]
-    ranges = [(1.0, 2.5), (4.125, 7.0), (9.5, 16.0)]
-    files = write_timelines(timeline(video, ranges, 24.0, 16.0, "cut list"), tmp_path, "cut")
-    for suffix, adapter_name in (("otio", None), ("edl", "cmx_3600"), ("xml", "fcp_xml")):
-        assert clip_ranges(Path(files[suffix]), adapter_name) == ranges, suffix
-    import opentimelineio as otio
-
-    read = otio.adapters.read_from_file(files["edl"], adapter_name="cmx_3600")
-    assert all(Path(clip.media_reference.target_url).name == video.name for clip in read.find_clips())
-    empty = write_timelines(timeline(video, [], 24.0, 16.0, "nothing kept"), tmp_path, "empty")
-    assert clip_ranges(Path(empty["edl"]), "cmx_3600") == [] == clip_ranges(Path(empty["otio"]))
-
-
 @pytest.fixture(scope="module")
 def predicted(prepared, demo_config, adapter, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("predict")
@@ -121,11 +107,13 @@ def test_every_val_video_gets_ranges_and_timelines_an_editor_opens(predicted, pr
                    for w in keep["windows"])
         for start, end in keep["ranges"]:
             assert 0 <= start < end <= keep["duration"]
-        for suffix, adapter_name in (("otio", None), ("edl", "cmx_3600"), ("xml", "fcp_xml")):
-            clips = clip_ranges(Path(files[suffix]), adapter_name)
+        clock = MediaClock.from_json(keep["clock"])  # the demo's 8 fps videos: an exact whole rate
+        assert keep["clock"]["rate"] == "8/1" and keep["clock"]["rate_rule"] == "exact"
+        for suffix in ("otio", "edl", "xml"):
+            clips = read_ranges(Path(files[suffix]), clock)
             assert len(clips) == len(keep["ranges"]), (suffix, clips, keep["ranges"])
             for (start, end), (clip_start, clip_end) in zip(keep["ranges"], clips):  # to the frame
-                tolerance = 0.5 / keep["timeline_rate"] + 1e-9
+                tolerance = 0.5 / float(clock.rate) + 1e-9
                 assert abs(clip_start - start) <= tolerance and abs(clip_end - end) <= tolerance
         if keep["ranges"]:
             rendered = VideoFile(Path(files["mp4"]))
@@ -163,10 +151,39 @@ def test_the_rendered_cut_holds_exactly_the_kept_frames(demo_dir, tmp_path):
 
     video = sorted((demo_dir / "videos").glob("*.mp4"))[0]
     ranges = [(1.0, 2.5), (4.0, 5.0)]
-    cut = VideoFile(render_cut(video, ranges, tmp_path / "cut.mp4"))
     source = VideoFile(video)
+    clock = media_clock(video, source.timestamps, source.duration)
+    cut = VideoFile(render_cut(video, ranges, tmp_path / "cut.mp4", clock))
     assert len(cut.reader) == sum(len(source.window_frames(start, end)) for start, end in ranges)
-    assert render_cut(video, [], tmp_path / "none.mp4") is None and not (tmp_path / "none.mp4").exists()
+    assert render_cut(video, [], tmp_path / "none.mp4", clock) is None and not (tmp_path / "none.mp4").exists()
+
+
+@pytest.mark.slow  # the predicted fixture
+def test_a_keep_list_corrected_by_hand_is_written_again_without_a_model(predicted, demo_config, tmp_path):
+    """predict --keep: a person edits keep.json's ranges; the timelines beside it follow, to the frame; a
+    mistake in the edit is named (file, range) and nothing is written."""
+    from videosft.errors import InputError
+
+    keep_file = next(predicted.rglob("keep.json"))
+    edited = tmp_path / "edited"
+    shutil.copytree(keep_file.parent, edited)
+    keep = json.loads((edited / "keep.json").read_text())
+    keep["ranges"] = [[0.5, 1.25], [3.0, min(6.0, keep["duration"])]]
+    (edited / "keep.json").write_text(json.dumps(keep))
+    cfg = stage_json("predict", {**demo_config, "predict": {"render": False}})
+    assert predict.main(["--config", cfg, "--out", str(tmp_path / "unused"), "--keep", str(edited / "keep.json")]) == 0
+    clock = MediaClock.from_json(keep["clock"])
+    stem = Path(keep["video"]).stem
+    for suffix in ("edl", "xml", "otio"):
+        read = read_ranges(edited / f"{stem}.{suffix}", clock)
+        assert [(round(a, 3), round(b, 3)) for a, b in read] == [tuple(r) for r in keep["ranges"]], suffix
+    keep["ranges"] = [[2.0, 1.0]]
+    (edited / "keep.json").write_text(json.dumps(keep))
+    with pytest.raises(InputError, match=r"keep.json: ranges\[0\] \[2.0, 1.0\]"):
+        predict.main(["--config", cfg, "--out", str(tmp_path / "unused"), "--keep", str(edited / "keep.json")])
+    (edited / "keep.json").write_text('{"ranges": [[1, 2],]}')
+    with pytest.raises(InputError, match="not JSON at line 1"):
+        predict.main(["--config", cfg, "--out", str(tmp_path / "unused"), "--keep", str(edited / "keep.json")])
 
 
 @pytest.mark.slow  # the adapter fixture and a predict run

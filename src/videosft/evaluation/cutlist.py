@@ -1,6 +1,5 @@
 """From window answers to the cut list an editor opens: ranges in source time, merged across
-overlapping windows, written as an OpenTimelineIO timeline (and, through its adapters, a CMX 3600
-EDL and Final Cut Pro 7 XML, which Premiere, Resolve and Final Cut import).
+overlapping windows (the files themselves: :mod:`videosft.media.editor_timelines`).
 
 **The merge rule.** Each window that answered in the format votes on the time it covers: keep
 where its answer keeps, cut elsewhere. A moment of the video is kept when at least
@@ -13,8 +12,6 @@ The cut lists of annotated videos are scored in source time (:func:`evaluate_in_
 """
 
 from __future__ import annotations
-
-from pathlib import Path
 
 from ..media.timeline import Range, merge_ranges
 from .metrics import source_time_metrics
@@ -46,65 +43,6 @@ def merge_votes(windows: list[dict], min_agreement: float) -> list[Range]:
             else:
                 kept.append([left, right])
     return [(start, end) for start, end in kept]
-
-
-FALLBACK_RATE = 24.0
-
-
-def timeline_rate(fps: float) -> float:
-    """The video's frame rate when it is a timecode rate an EDL can carry (23.976 to 60), else 24
-    frames per second (editors conform by timecode; the times stay the same seconds, to 1/24 s)."""
-    import opentimelineio as otio
-
-    return fps if otio.opentime.RationalTime.is_smpte_timecode_rate(fps) else FALLBACK_RATE
-
-
-def timeline(video: Path, ranges: list[Range], rate: float, duration: float, name: str):
-    """An OpenTimelineIO timeline with one clip per kept range, each referencing the source file,
-    at ``rate`` frames per second (:func:`timeline_rate`)."""
-    import opentimelineio as otio
-
-    def time(seconds: float):
-        return otio.opentime.RationalTime(round(seconds * rate), rate)
-
-    media = otio.schema.ExternalReference(target_url=str(Path(video).resolve()),
-                                          available_range=otio.opentime.TimeRange(time(0), time(duration)))
-    track = otio.schema.Track(name="V1", kind=otio.schema.TrackKind.Video)
-    for index, (start, end) in enumerate(ranges, start=1):
-        clip = otio.schema.Clip(name=f"{Path(video).stem}_keep{index:03d}", media_reference=media.clone(),
-                                source_range=otio.opentime.TimeRange(time(start), time(end) - time(start)))
-        track.append(clip)
-    result = otio.schema.Timeline(name=name)
-    result.tracks.append(track)
-    return result
-
-
-EDITOR_FILES = {"otio": "otio_json", "edl": "cmx_3600", "xml": "fcp_xml"}
-
-
-def write_timelines(timeline_, out: Path, stem: str) -> dict[str, str]:
-    """The timeline as .otio, .edl (CMX 3600) and .xml (Final Cut Pro 7 XML); the files written."""
-    import opentimelineio as otio
-
-    written = {}
-    for suffix, adapter in EDITOR_FILES.items():
-        path = out / f"{stem}.{suffix}"
-        if adapter == "cmx_3600" and not timeline_.find_clips():
-            # the CMX 3600 writer fails on a timeline without events; an EDL of none is its header
-            path.write_text(f"TITLE: {timeline_.name}\nFCM: NON-DROP FRAME\n")
-        else:
-            otio.adapters.write_to_file(timeline_, str(path), adapter_name=adapter)
-        written[suffix] = str(path)
-    return written
-
-
-def clip_ranges(path: Path, adapter: str | None = None) -> list[Range]:
-    """The (start, end) source seconds of every clip of an editor file, as OpenTimelineIO reads it."""
-    import opentimelineio as otio
-
-    read = otio.adapters.read_from_file(str(path), adapter_name=adapter)
-    return [(clip.source_range.start_time.to_seconds(), clip.source_range.end_time_exclusive().to_seconds())
-            for clip in read.find_clips()]
 
 
 def evaluate_in_source_time(results: list[dict]) -> dict:

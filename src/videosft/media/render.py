@@ -1,21 +1,27 @@
 """The cut itself: a new video of only the kept ranges, for a look without an editor.
 
 Frames are taken on the player's clock (:class:`videosft.media.video.VideoFile`'s timestamps, edit lists
-applied) and re-encoded with H.264 at the source's frame size and average rate; the audio is left
-out (the cut list keeps the source for an editor, who has it).
+applied) and re-encoded with H.264 at the source's frame size, at the timeline's exact rate
+(:mod:`videosft.media.clock`: 30000/1001, not 30) so that the cut is as long as its ranges. A variable-rate
+source keeps each frame's own duration (time base 1/90000), so its cut is as long as its ranges too.
+The audio is left out (the timelines keep the source, with its audio, for an editor).
 """
 
 from __future__ import annotations
 
+from fractions import Fraction
 from pathlib import Path
 
 import numpy as np
 
+from .clock import MediaClock
 from .timeline import Range
 from .video import VideoFile
 
+FINE = Fraction(1, 90000)  # the time base of a variable-rate cut, MPEG's clock
 
-def render_cut(source: Path, ranges: list[Range], out: Path, chunk: int = 64) -> Path | None:
+
+def render_cut(source: Path, ranges: list[Range], out: Path, clock: MediaClock, chunk: int = 64) -> Path | None:
     """Write the frames of ``source`` whose presentation time falls in ``ranges``, in order, to
     ``out``; None (and no file) when nothing is kept."""
     import av
@@ -24,21 +30,33 @@ def render_cut(source: Path, ranges: list[Range], out: Path, chunk: int = 64) ->
     indices = np.concatenate([video.window_frames(start, end) for start, end in ranges]) if ranges else []
     if len(indices) == 0:
         return None
-    rate = max(1, round(float(video.reader.get_avg_fps())))
+    variable = clock.rate_rule.startswith("variable")
+    durations = frame_durations(video.timestamps, video.duration)
     out.parent.mkdir(parents=True, exist_ok=True)
     with av.open(str(out), mode="w") as container:
-        stream = container.add_stream("libx264", rate=rate)
+        stream = container.add_stream("libx264", rate=clock.rate)
+        stream.codec_context.time_base = FINE if variable else 1 / clock.rate
         stream.pix_fmt = "yuv420p"
         stream.options = {"crf": "18", "preset": "veryfast"}
+        shown = Fraction(0)
         for first in range(0, len(indices), chunk):
-            frames = video.reader.get_batch([int(i) for i in indices[first:first + chunk]]).asnumpy()
+            batch = [int(i) for i in indices[first:first + chunk]]
+            frames = video.reader.get_batch(batch).asnumpy()
             if first == 0:  # H.264 in yuv420p needs even sides
                 stream.height, stream.width = frames.shape[1] // 2 * 2, frames.shape[2] // 2 * 2
-            for array in frames:
+            for index, array in zip(batch, frames):
                 frame = av.VideoFrame.from_ndarray(np.ascontiguousarray(array[:stream.height, :stream.width]),
                                                    format="rgb24")
+                frame.time_base = stream.codec_context.time_base
+                frame.pts = round(shown / frame.time_base)
+                shown += Fraction(durations[index]).limit_denominator(90000) if variable else 1 / clock.rate
                 for packet in stream.encode(frame):
                     container.mux(packet)
         for packet in stream.encode():
             container.mux(packet)
     return out
+
+
+def frame_durations(timestamps: np.ndarray, end: float) -> np.ndarray:
+    """How long each frame shows: until the next one, the last until the video's end."""
+    return np.diff(np.append(timestamps, max(end, timestamps[-1] + 1e-3)))

@@ -19,6 +19,11 @@ windows/s is counted over the wall time after the model's load.
 
     python -m videosft.stages.predict --config config.yaml --adapter results/train/adapter --out results/predict
     python -m videosft.stages.predict --config config.yaml --out results/predict    # model.path merged (export)
+    python -m videosft.stages.predict --config config.yaml --out results/predict --keep results/predict/0000-x/keep.json
+
+The last form writes a keep.json's timelines again, after a person corrected its ``ranges`` (source
+seconds, as predict wrote them); its ``clock`` says how they map onto the file's frames
+(:mod:`videosft.media.clock`).
 """
 
 from __future__ import annotations
@@ -35,11 +40,12 @@ from ..data.windows import read_windows, window_row, windows_by_video
 from ..encoding.chat import parse_answer
 from ..encoding.prompts import window_prompts
 from ..errors import ConfigError
-from ..evaluation.cutlist import evaluate_in_source_time, merge_votes, timeline, timeline_rate, to_source, \
-    write_timelines
+from ..evaluation.cutlist import evaluate_in_source_time, merge_votes, to_source
 from ..evaluation.generation import greedy_answers
 from ..kernels import autotune
 from ..training.batches import one_ahead
+from ..media.clock import MediaClock, media_clock
+from ..media.editor_timelines import write_timelines
 from ..media.timeline import window_bounds
 from ..media.video import VideoFile
 from ..models.loading import load_model
@@ -78,7 +84,7 @@ class Prompted:
     path: Path
     name: str
     duration: float
-    fps: float
+    clock: MediaClock
     source_windows: list[dict]
     prompts: list[dict]
     results: list[dict]
@@ -99,7 +105,8 @@ def prompt_video(path: Path, windows: list[dict] | None, processor, cfg: View, r
     windows = windows or cut_into_windows(video, path.name, cfg)
     timings["open"] += time.perf_counter() - started
     prompts, results = window_prompts(video, windows, processor, cfg, rejects, timings)
-    return Prompted(path, name, video.duration, float(video.reader.get_avg_fps()), source_windows, prompts, results)
+    clock = media_clock(path, video.timestamps, video.duration)
+    return Prompted(path, name, video.duration, clock, source_windows, prompts, results)
 
 
 def answer_video(video: Prompted, model, processor, cfg: View, rejects: Rejects, timings: dict) -> dict:
@@ -116,8 +123,7 @@ def answer_video(video: Prompted, model, processor, cfg: View, rejects: Rejects,
                         "abstains from the merge", code="answer_format", video=video.name)
     timings["generate"] += time.perf_counter() - started
     ranges = merge_votes(video.results, cfg.predict.min_agreement)
-    return {"video": str(video.path), "name": video.name, "duration": video.duration, "fps": video.fps,
-            "timeline_rate": timeline_rate(video.fps),
+    return {"video": str(video.path), "name": video.name, "duration": video.duration, "clock": video.clock.as_json(),
             "ranges": ranges, "kept_seconds": sum(end - start for start, end in ranges),
             "merge": {"min_agreement": cfg.predict.min_agreement}, "windows": video.results,
             "source_windows": [{"window_id": w["window_id"], "keep_source": w.get("keep_source") or []}
@@ -125,18 +131,31 @@ def answer_video(video: Prompted, model, processor, cfg: View, rejects: Rejects,
 
 
 def write_outputs(result: dict, out: Path, render: bool) -> dict[str, str]:
+    """keep.json, the editor timelines and, with ``render``, the cut video, in ``out``."""
     out.mkdir(parents=True, exist_ok=True)
     write_json(out / "keep.json", result)
-    stem = Path(result["video"]).stem
-    files = write_timelines(timeline(Path(result["video"]), result["ranges"], result["timeline_rate"], result["duration"],
-                                     f"{stem} (videosft cut list)"), out, stem)
+    return write_cut(result, out, render)
+
+
+def write_cut(keep: dict, out: Path, render: bool) -> dict[str, str]:
+    """A keep list's timelines (.otio, .edl, .xml) and, with ``render``, its cut video."""
+    video, clock = Path(keep["video"]), MediaClock.from_json(keep["clock"])
+    ranges = [tuple(r) for r in keep["ranges"]]
+    files = write_timelines(video, clock, ranges, out, video.stem, f"{video.stem} (videosft cut list)")
     if render:
         from ..media.render import render_cut
 
-        cut = render_cut(Path(result["video"]), result["ranges"], out / f"{stem}.cut.mp4")
+        cut = render_cut(video, ranges, out / f"{video.stem}.cut.mp4", clock)
         if cut is not None:
             files["mp4"] = str(cut)
     return files
+
+
+def recut(keep_files: list[Path], render: bool) -> dict[str, dict]:
+    """The timelines (and cut videos) again from keep.json files, perhaps corrected by hand, beside each."""
+    from ..data.predict_summary import read_keep
+
+    return {str(path): write_cut(read_keep(path), path.parent, render) for path in keep_files}
 
 
 def predict(cfg: View, adapter: Path | None, windows_path: Path | None, out: Path, record: dict,
@@ -191,8 +210,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--adapter", type=existing_path, help="adapter directory from the train stage; without it "
                         "model.path is used as it is (a merged checkpoint from the export stage)")
     parser.add_argument("--windows", type=existing_path, help="windows.parquet of the window stage (predict.videos: val)")
+    parser.add_argument("--keep", type=existing_path, nargs="+", help="keep.json files (a cut list corrected by hand): "
+                        "write their timelines (and, with predict.render, cut videos) again beside each; no model")
     args = parser.parse_args(argv)
     cfg = config_lib.load(args.config, "predict")
+    if args.keep:
+        for path, files in recut(args.keep, cfg.predict.render).items():
+            print(f"predict: {path}: " + ", ".join(Path(f).name for f in files.values()), flush=True)
+        return 0
     args.out.mkdir(parents=True, exist_ok=True)
     with run_record("predict", args.out, cfg, args) as record:
         predict(cfg, args.adapter, args.windows, args.out, record, kept_path(args, "rejects.jsonl"))
