@@ -463,7 +463,7 @@ def recommendation(videos: dict, clips: dict, probes: dict, ratios: dict, facts:
     if offsets["decord"] and offsets["decord"] == offsets["decord2"]:
         text.append(f"Both report frame times that differ from PyAV's on: {', '.join(offsets['decord'])}; there they "
                     "count from the first frame, while PyAV (and players) put the first frame at the edit list's "
-                    "start; `VideoFile` adds the stream's start time, read with PyAV (`videosft.media.video.stream_start`).")
+                    "start; `VideoFile` adds the stream's start time, read with PyAV (`videosft.media.video.stream_facts`).")
     text.append(f"Maintenance: decord {d1['version']} bundles FFmpeg {d1.get('ffmpeg', '?')} (libavcodec "
                 f"{d1.get('libavcodec', '?')}), its wheel metadata tagged {', '.join(d1.get('tags', []))}"
                 + (", and is the newest release on the index" if d1.get("index", [None])[0] == d1["version"] else "")

@@ -29,6 +29,8 @@ REASONS = {
     "video_missing": "video file does not exist",
     "video_outside_root": "video path leaves data.root",
     "video_undecodable": "video cannot be decoded",
+    "video_empty": "video file is empty (0 bytes)",
+    "video_truncated": "video file is cut off before the window",
     "too_few_frames": "too few frames",
     "too_long": "sample does not fit data.max_length",
     "budget_not_applied": "token budget did not take effect",

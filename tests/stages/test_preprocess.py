@@ -149,7 +149,7 @@ def test_a_marker_rounded_at_a_tie_is_not_taken_for_a_clock_error(demo_dir):
             frame_plan = plan(960, 30.0, 64, 64, budget, patch_size, merge_size, temporal_patch_size)
             picks = np.linspace(0, 959, frame_plan.frames).round().astype(int)
             frames = torch.zeros((frame_plan.frames, 3, frame_plan.height, frame_plan.width), dtype=torch.uint8)
-            return Clip(frames, picks.tolist(), (picks / 30.0).tolist(), frame_plan, 64, 64)
+            return Clip(frames, picks.tolist(), (picks / 30.0).tolist(), frame_plan, 64, 64, "decord")
 
     window = {"window_start": 0.0, "window_end": 32.0, "keep_local": [[8.0, 9.0]], "query": "the red ball"}
     clip, _, input_ids, *_ = encoding.encode_window(window, Video(), processor, cfg, budget, geometry)

@@ -39,8 +39,8 @@ from ..errors import InputError
 from ..media.pixels import stored_bytes
 from ..provenance import sha256_file, write_json
 
-SCHEMA_VERSION = 4  # 2: second_per_grid (Qwen2.5-VL's time step per frame pair); 3: video_layout;
-#                     4: the processor's input frames instead of its float16 pixels
+SCHEMA_VERSION = 5  # 2: second_per_grid (Qwen2.5-VL's time step per frame pair); 3: video_layout;
+#                     4: the processor's input frames instead of its float16 pixels; 5: decoding
 ROW_GROUP = 8
 # A reader fetches a whole row group to get one row of it: this bounds what one sample's read costs.
 # 128-frame windows (about 20 MB of frames each) get a row group each; 16-frame ones share.
@@ -61,6 +61,7 @@ SAMPLE_SCHEMA = pa.schema(
         ("video_grid_thw", pa.list_(pa.int32(), 3)),
         ("source_size", pa.list_(pa.int32(), 2)),
         ("frame_size", pa.list_(pa.int32(), 2)),
+        ("decoding", pa.string()),  # which decoder gave the frames (videosft.media.video.open_reader)
         ("visual_tokens", pa.int32()),
         ("text_tokens", pa.int32()),
         ("input_tokens", pa.int32()),

@@ -179,6 +179,7 @@ def build_sample(window: dict, video: VideoFile, processor, cfg: View, budget: B
         "video_grid_thw": list(grid),
         "source_size": [clip.source_height, clip.source_width],
         "frame_size": [clip.plan.height, clip.plan.width],
+        "decoding": clip.decoding,
         "visual_tokens": visual_tokens,
         "text_tokens": len(input_ids) - visual_tokens,
         "input_tokens": len(input_ids),

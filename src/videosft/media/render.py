@@ -1,7 +1,8 @@
 """The cut itself: a new video of only the kept ranges, for a look without an editor.
 
 Frames are taken on the player's clock (:class:`videosft.media.video.VideoFile`'s timestamps, edit lists
-applied) and re-encoded with H.264 at the source's frame size, at the timeline's exact rate
+applied) and re-encoded with H.264 at the source's display size in square pixels (a source with
+non-square pixels is resized, as a player shows it), at the timeline's exact rate
 (:mod:`videosft.media.clock`: 30000/1001, not 30) so that the cut is as long as its ranges. A variable-rate
 source keeps each frame's own duration (time base 1/90000), so its cut is as long as its ranges too.
 The audio is left out (the timelines keep the source, with its audio, for an editor).
@@ -41,7 +42,7 @@ def render_cut(source: Path, ranges: list[Range], out: Path, clock: MediaClock, 
         shown = Fraction(0)
         for first in range(0, len(indices), chunk):
             batch = [int(i) for i in indices[first:first + chunk]]
-            frames = video.reader.get_batch(batch).asnumpy()
+            frames = square_pixels(video, video.frames(batch))
             if first == 0:  # H.264 in yuv420p needs even sides
                 stream.height, stream.width = frames.shape[1] // 2 * 2, frames.shape[2] // 2 * 2
             for index, array in zip(batch, frames):
@@ -60,3 +61,17 @@ def render_cut(source: Path, ranges: list[Range], out: Path, clock: MediaClock, 
 def frame_durations(timestamps: np.ndarray, end: float) -> np.ndarray:
     """How long each frame shows: until the next one, the last until the video's end."""
     return np.diff(np.append(timestamps, max(end, timestamps[-1] + 1e-3)))
+
+
+def square_pixels(video: VideoFile, frames: np.ndarray) -> np.ndarray:
+    """Frames (N, H, W, 3) of a source with non-square pixels resized to its display size, square pixels
+    (players and editors show the cut as they show the source)."""
+    height, width = video.display_size(frames.shape[1], frames.shape[2])
+    if width == frames.shape[2]:
+        return frames
+    import torch
+    from torchvision.transforms.v2 import functional as tvf
+
+    resized = tvf.resize(torch.from_numpy(frames).permute(0, 3, 1, 2), [height, width],
+                         interpolation=tvf.InterpolationMode.BICUBIC, antialias=True)
+    return resized.permute(0, 2, 3, 1).contiguous().numpy()

@@ -1,8 +1,11 @@
-"""Decoding one window of a video with decord, on the clock a player shows."""
+"""Decoding one window of a video with decord, as a player shows it: on its clock (edit lists applied) and
+at its display geometry (non-square pixels, as DV, HDV, DVD and broadcast files have, widened or
+narrowed to square ones before the token budget sees the frame)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from fractions import Fraction
 from pathlib import Path
 
 import numpy as np
@@ -19,24 +22,28 @@ class Clip:
     frame_indices: list[int]  # indices into the source video
     local_times: list[float]  # frame times (player's clock) minus the window start
     plan: Plan
-    source_height: int
+    source_height: int  # as a player shows it (non-square pixels widened or narrowed)
     source_width: int
+    decoding: str  # which decoder gave the frames (open_reader)
 
 
 class VideoFile:
     """An open video: frame timestamps read once, on the player's clock; frames decoded on demand."""
 
     def __init__(self, path: Path):
-        import decord
-
         self.path = Path(path)
+        if self.path.is_file() and self.path.stat().st_size == 0:
+            raise Rejected("video_empty", f"{path} is an empty file (0 bytes); copy or download it again")
         try:
-            self.reader = decord.VideoReader(str(path), num_threads=1)
+            self.start, self.pixel_aspect, interlaced = stream_facts(self.path)
+            self.reader, self.decoding = open_reader(self.path, interlaced)
             frame_times = np.asarray(self.reader.get_frame_timestamp(np.arange(len(self.reader))))
-            self.start = stream_start(self.path)
         except Exception as error:  # decord raises bare RuntimeErrors / DECORDErrors, PyAV its own
             raise Rejected("video_undecodable", f"{path} could not be decoded as a video "
                            f"({str(error).splitlines()[0]}); check the file or re-encode it") from None
+        # a file cut off: (seconds that decode, seconds its container states)
+        self.truncated = (self.reader.decodable_seconds, self.reader.stated_seconds) \
+            if getattr(self.reader, "cut_off", False) else None
         if len(self.reader) < 2:
             raise Rejected("too_few_frames", f"{path} has {len(self.reader)} frame(s); a video needs at least 2")
         self.timestamps = frame_times[:, 0] + self.start
@@ -52,6 +59,11 @@ class VideoFile:
         import torch
         from torchvision.transforms.v2 import functional as tvf
 
+        if self.truncated and end > self.duration + 1e-6:
+            decodable, stated = self.truncated
+            raise Rejected("video_truncated", f"{self.path} is truncated: decodable up to {decodable:.2f} s of "
+                           f"{stated:.2f} s; window [{start:.3f}, {end:.3f}] s reaches past it (copy the whole file "
+                           "again to use it)")
         candidates = self.window_frames(start, end)
         if len(candidates) < 2:
             raise Rejected("too_few_frames", f"window [{start:.3f}, {end:.3f}] s of {self.path} has {len(candidates)} "
@@ -60,15 +72,15 @@ class VideoFile:
         picks = np.linspace(0, len(candidates) - 1, frame_count(len(candidates), window_fps, budget))
         indices = candidates[picks.round().astype(int)]
         try:
-            raw = self.reader.get_batch(indices.tolist()).asnumpy()
+            raw = self.frames(indices.tolist())
         except Exception as error:
             raise Rejected("video_undecodable", f"frames {indices[0]}-{indices[-1]} of {self.path} could not be "
                            f"decoded ({str(error).splitlines()[0]}); check the file or re-encode it") from None
-        height, width = int(raw.shape[1]), int(raw.shape[2])  # known once decoded: no extra decode at open
+        height, width = self.display_size(int(raw.shape[1]), int(raw.shape[2]))  # known once decoded
         frame_plan = plan(len(candidates), window_fps, height, width, budget, patch_size, merge_size,
                           temporal_patch_size)
         tensor = torch.from_numpy(raw).permute(0, 3, 1, 2)
-        if (frame_plan.height, frame_plan.width) != (height, width):
+        if (frame_plan.height, frame_plan.width) != tuple(raw.shape[1:3]):
             tensor = tvf.resize(tensor, [frame_plan.height, frame_plan.width],
                                 interpolation=tvf.InterpolationMode.BICUBIC, antialias=True)
         return Clip(
@@ -78,17 +90,59 @@ class VideoFile:
             plan=frame_plan,
             source_height=height,
             source_width=width,
+            decoding=self.decoding,
         )
 
 
-def stream_start(path: Path) -> float:
-    """When a player shows the first frame, in seconds. An MP4/MOV edit list can delay it (an
-    empty edit of 1 s puts the first frame at 1.0 s); decord counts from the first frame, so its
-    times are shifted by this much. Other containers start the player's clock at the first frame."""
+    def frames(self, indices: list[int]) -> np.ndarray:
+        """Frames (N, H, W, 3) RGB at ``indices``; where decord fails on a file it opened (a damaged
+        stretch), PyAV takes over for this and later reads."""
+        try:
+            return self.reader.get_batch(indices).asnumpy()
+        except Exception:
+            if self.decoding != "decord":
+                raise
+        from .pyav_reader import PyAVReader
+
+        self.reader, self.decoding = PyAVReader(self.path), "pyav (decord failed on a read)"
+        return self.reader.get_batch(indices).asnumpy()
+
+    def display_size(self, height: int, width: int) -> tuple[int, int]:
+        """The size a player shows coded frames of ``height`` x ``width`` at: the width scaled by the
+        pixel aspect ratio (a 720x480 DVD frame with 32:27 pixels shows 853 wide), the height kept."""
+        return height, max(2, round(width * self.pixel_aspect))
+
+
+def open_reader(path: Path, interlaced: bool):
+    """decord's reader, or PyAV's (:mod:`videosft.media.pyav_reader`) for an interlaced stream or a file
+    decord cannot open (AV1, a cut-off MP4); and which, for the sample's record."""
+    import decord
+
+    from .pyav_reader import PyAVReader
+
+    if interlaced:
+        return PyAVReader(path), "pyav, deinterlaced (bwdif)"
+    try:
+        return decord.VideoReader(str(path), num_threads=1), "decord"
+    except Exception as error:  # decord's errors carry its C++ log; PyAV's say more
+        reader = PyAVReader(path)
+        return reader, f"pyav (decord: {str(error).splitlines()[0][:120]})"
+
+
+def stream_facts(path: Path) -> tuple[float, Fraction, bool]:
+    """When a player shows the first frame, in seconds; the pixel (sample) aspect ratio (1 when square
+    or unknown); whether the stream is interlaced (its field order says so). An MP4/MOV edit list can
+    delay the first frame (an empty edit of 1 s puts it at 1.0 s); decord counts from the first frame,
+    so its times are shifted by this much. Other containers start the player's clock at the first frame."""
     import av
+
+    from .pyav_reader import INTERLACED, field_order
 
     with av.open(str(path)) as container:
         stream = container.streams.video[0]
+        aspect = stream.sample_aspect_ratio or stream.codec_context.sample_aspect_ratio
+        aspect = Fraction(aspect) if aspect and aspect > 0 else Fraction(1)
+        interlaced = field_order(stream) in INTERLACED
         if "mov" not in container.format.name.split(",") or stream.start_time is None:
-            return 0.0
-        return float(stream.start_time * stream.time_base)
+            return 0.0, aspect, interlaced
+        return float(stream.start_time * stream.time_base), aspect, interlaced
