@@ -14,8 +14,9 @@ from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
 from videosft import config as config_lib
-from videosft.data.annotations import parse_annotation
-from videosft.data.windows import assign_splits, video_shards
+from videosft.data.annotations import parse_annotation, qvhighlights_source
+from videosft.data.windows import assign_splits, check_sources_whole, video_shards
+from videosft.errors import Rejected
 from videosft.media.timeline import Realigned, merge_ranges, realign, resolve_video, window_bounds
 
 PROPERTY = settings(
@@ -26,6 +27,7 @@ FITS = 1e-9  # window_bounds counts a window that overshoots the end by less tha
 ROUNDTRIP = 1e-9  # float slack for local + start vs source in the property tests (exact check: below)
 
 DATA = config_lib.section("data")  # the data config parse_annotation reads
+QVH_DATA = config_lib.section("data", {"format": "qvhighlights"})
 
 
 # --------------------------------------------------------------------------------------------
@@ -430,11 +432,11 @@ def test_resolve_video_rejects_absolute(tmp_path: Path):
 def test_parse_annotation_valid():
     row = parse_annotation('{"video": "a/b.mp4", "query": "the dog jumps", "keep": [[0, 1.5], [2.25, 4]]}', DATA)
     assert row == {"video": "a/b.mp4", "query": "the dog jumps", "id": None, "duration": None,
-                   "keep": [(0.0, 1.5), (2.25, 4.0)]}
+                   "keep": [(0.0, 1.5), (2.25, 4.0)], "source": "a/b.mp4"}
     assert all(isinstance(v, float) for pair in row["keep"] for v in pair)
-    # query and keep are optional
+    # query and keep are optional; without "source" the video is its own source
     assert parse_annotation('{"video": "x.mp4"}', DATA) == {"video": "x.mp4", "query": None, "id": None,
-                                                           "duration": None, "keep": []}
+                                                           "duration": None, "keep": [], "source": "x.mp4"}
     assert parse_annotation('{"video": "x.mp4", "keep": []}', DATA)["keep"] == []
 
 
@@ -464,6 +466,9 @@ def test_parse_annotation_valid():
         ('{"video": "a.mp4", "keep": [[-Infinity, 1]]}', "non-finite"),
         ('{"video": "a.mp4", "keep": [[0, 1e999]]}', "non-finite"),
         ('{"video": "a.mp4", "query": 5}', '"query" must be a string'),
+        ('{"video": "a.mp4", "source": 5}', '"source" 5 must be a non-empty string'),
+        ('{"video": "a.mp4", "source": ""}', '"source" \'\' must be a non-empty string'),
+        ('{"video": "a.mp4", "source": null}', '"source" None must be a non-empty string'),
     ],
 )
 def test_parse_annotation_rejects(line, message):
@@ -504,3 +509,82 @@ def test_parse_annotation_roundtrip(keep, video):
     row = parse_annotation(json.dumps({"video": video, "keep": keep}), DATA)
     assert row["video"] == video and row["query"] is None
     assert row["keep"] == [tuple(pair) for pair in keep]
+
+
+# --------------------------------------------------------------------------------------------
+# the split's source: a recording's clips go to one split
+
+
+@pytest.mark.parametrize("vid, youtube_id", [
+    ("-4Mlqc7PbZY_210.0_360.0", "-4Mlqc7PbZY"),
+    ("2vFzBa_WKNg_60.0_210.0", "2vFzBa_WKNg"),  # "_" inside the id
+    ("-_s0sXOfS3w_510.0_660.0", "-_s0sXOfS3w"),  # "-" and "_" inside the id
+    ("0_eIFN2FDoU_360.0_510.0", "0_eIFN2FDoU"),
+    ("ab_12_34_xyz_0_150", "ab_12_34_xyz"),  # only the last two fields are the clip's times
+    ("a_1_2_30_180", "a_1_2"),
+])
+def test_qvhighlights_source_takes_the_clip_times_off_the_end(vid, youtube_id):
+    assert qvhighlights_source(vid) == youtube_id
+    line = json.dumps({"vid": vid, "qid": 1, "query": "q", "relevant_windows": [[0, 2]]})
+    assert parse_annotation(line, QVH_DATA)["source"] == youtube_id
+    # a "source" on the line wins (a user's own clips in the QVHighlights format)
+    line = json.dumps({"vid": vid, "qid": 1, "query": "q", "relevant_windows": [[0, 2]], "source": "rec"})
+    assert parse_annotation(line, QVH_DATA)["source"] == "rec"
+
+
+@pytest.mark.parametrize("vid", ["-4Mlqc7PbZY", "clip_1.0", "_1_2", "abc_1.0_x", "abc_1.0_2.0.mp4", "a_-1_2"])
+def test_a_qvhighlights_vid_without_clip_times_is_rejected_with_the_fix(vid):
+    with pytest.raises(Rejected, match='<youtube id>_<start>_<end>.*add a "source" field') as info:
+        parse_annotation(json.dumps({"vid": vid, "query": "q", "relevant_windows": []}), QVH_DATA)
+    assert info.value.code == "bad_fields" and repr(vid) in str(info.value)
+    # ... and accepted when the line names its source
+    line = json.dumps({"vid": vid, "query": "q", "relevant_windows": [], "source": "rec"})
+    assert parse_annotation(line, QVH_DATA)["source"] == "rec"
+
+
+QVHIGHLIGHTS = Path(__file__).resolve().parents[3] / "shared" / "data" / "qvhighlights" / "highlight_val_release.jsonl"
+
+
+@pytest.mark.skipif(not QVHIGHLIGHTS.exists(), reason="shared QVHighlights annotations not present")
+def test_every_shipped_qvhighlights_clip_has_an_11_character_youtube_id():
+    vids = {json.loads(line)["vid"] for line in QVHIGHLIGHTS.read_text().splitlines()}
+    sources = {qvhighlights_source(vid) for vid in vids}
+    assert all(len(source) == 11 for source in sources), sorted(s for s in sources if len(s) != 11)[:5]
+    assert len(vids) == 1519 and len(sources) == 474
+    assert any("_" in s for s in sources) and any(s.startswith("-") for s in sources)
+
+
+def _rows(*placed):
+    return [{"video": video, "split": split} for video, split in placed]
+
+
+def test_check_sources_whole_passes_a_grouped_split():
+    source_of = {"a1.mp4": "a", "a2.mp4": "a", "b1.mp4": "b"}
+    check_sources_whole(_rows(("a1.mp4", "train"), ("a2.mp4", "train"), ("a1.mp4", "train"), ("b1.mp4", "val")),
+                        source_of)
+    check_sources_whole([], {})
+
+
+def test_check_sources_whole_fails_on_a_source_in_both_splits():
+    # the split by clip that the window stage used to make: two clips of one recording, one per side
+    source_of = {"-4Mlqc7PbZY_60.0_210.0.mp4": "-4Mlqc7PbZY", "-4Mlqc7PbZY_210.0_360.0.mp4": "-4Mlqc7PbZY",
+                 "b.mp4": "b"}
+    rows = _rows(("-4Mlqc7PbZY_60.0_210.0.mp4", "train"), ("-4Mlqc7PbZY_210.0_360.0.mp4", "val"), ("b.mp4", "val"))
+    with pytest.raises(AssertionError, match=r"1 source videos have windows in more than one split.*'-4Mlqc7PbZY' "
+                                             r"\(train: \['-4Mlqc7PbZY_60.0_210.0.mp4'\], val: "):
+        check_sources_whole(rows, source_of)
+
+
+def test_check_sources_whole_fails_on_one_video_in_both_splits():
+    with pytest.raises(AssertionError, match=r"'v' \(train: \['v.mp4'\], val: \['v.mp4'\]\)"):
+        check_sources_whole(_rows(("v.mp4", "train"), ("v.mp4", "val")), {"v.mp4": "v"})
+
+
+@PROPERTY
+@given(sources=st.lists(st.sampled_from("abcdefgh"), min_size=1, max_size=30), seed=st.integers(0, 2**31),
+       val_fraction=st.sampled_from([0.0, 0.34, 0.5, 1.0]))
+def test_splitting_by_source_keeps_every_source_whole(sources, seed, val_fraction):
+    source_of = {f"{source}_{i}.mp4": source for i, source in enumerate(sources)}
+    splits = assign_splits(list(source_of.values()), val_fraction, seed)
+    check_sources_whole([{"video": video, "split": splits[source]} for video, source in source_of.items()], source_of)
+

@@ -1,5 +1,5 @@
 rule window:
-    """Cut videos into windows, realign keep ranges into window time, split train/val by video."""
+    """Cut videos into windows, realign keep ranges into window time, split train/val by source video."""
     input:
         annotations=config_path("data.annotations"),
         videos=config_path("data.root"),

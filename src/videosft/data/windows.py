@@ -2,11 +2,12 @@
 
 One row per window of a video (and query) (:data:`WINDOW_SCHEMA`, made by :func:`window_row`): its
 span in source seconds and the keep ranges inside it, in source and in window time. Here too what
-decides the rows' ``split`` and which rows there are: videos go to train or val as wholes, from a
-seeded hash of their path (:func:`assign_splits`, so the split does not depend on the order of the
-annotation file), and windows with nothing to keep are held to a share of each split
-(:func:`limit_empty_windows`); and how the preprocess stage deals the windows to its shards, by
-video (:func:`video_shards`).
+decides the rows' ``split`` and which rows there are: source videos (the recordings the videos were
+cut from, :mod:`videosft.data.annotations`) go to train or val as wholes, with all their videos,
+from a seeded hash of the source (:func:`assign_splits`, so the split does not depend on the order
+of the annotation file; :func:`check_sources_whole` proves none straddles), and windows with
+nothing to keep are held to a share of each split (:func:`limit_empty_windows`); and how the
+preprocess stage deals the windows to its shards, by video (:func:`video_shards`).
 """
 
 from __future__ import annotations
@@ -81,20 +82,39 @@ def windows_by_video(windows: list[dict], root: Path) -> dict[tuple[str, str | N
     return by_video
 
 
-def assign_splits(videos: list[str], val_fraction: float, seed: int) -> dict[str, str]:
-    """'val' for the ``round(val_fraction * n)`` videos with the smallest seeded hash, else 'train'.
+def assign_splits(keys: list[str], val_fraction: float, seed: int) -> dict[str, str]:
+    """'val' for the ``round(val_fraction * n)`` keys with the smallest seeded hash, else 'train'.
 
-    At least one video goes to each split when there are two or more and ``val_fraction > 0``.
+    The keys are the split's units (the window stage passes source videos). At least one goes to
+    each split when there are two or more and ``val_fraction > 0``.
     """
-    ranked = sorted(set(videos), key=lambda name: _video_hash(name, seed))
+    ranked = sorted(set(keys), key=lambda key: _video_hash(key, seed))
     n_val = round(val_fraction * len(ranked))
     if val_fraction > 0 and len(ranked) >= 2:
         n_val = min(max(n_val, 1), len(ranked) - 1)
-    return {video: "val" if rank < n_val else "train" for rank, video in enumerate(ranked)}
+    return {key: "val" if rank < n_val else "train" for rank, key in enumerate(ranked)}
 
 
 def _video_hash(video: str, seed: int) -> str:
     return hashlib.sha256(f"{seed}:{video}".encode()).hexdigest()
+
+
+def check_sources_whole(rows: list[dict], source_of: dict[str, str]) -> None:
+    """Raise AssertionError naming them if a source video (``source_of``: video -> source) has rows in
+    more than one split (a video in both is such a case too): its clips on both sides would score the
+    model on near-duplicates of its training footage. Grouping makes this impossible, so a failure is
+    a bug in the split; a plain ``assert`` would vanish under ``python -O``."""
+    seen: dict[str, dict[str, set[str]]] = defaultdict(lambda: defaultdict(set))  # source -> split -> videos
+    for row in rows:
+        seen[source_of[row["video"]]][row["split"]].add(row["video"])
+    straddling = sorted((source, by_split) for source, by_split in seen.items() if len(by_split) > 1)
+    if straddling:
+        examples = "; ".join(f"{source!r} (" + ", ".join(f"{split}: {sorted(videos)[:3]}" for split, videos
+                                                      in sorted(by_split.items())) + ")"
+                             for source, by_split in straddling[:5])
+        raise AssertionError(f"{len(straddling)} source videos have windows in more than one split, e.g. {examples}; "
+                             "the train / val split must keep each source whole: this is a bug in the split, "
+                             "please report it")
 
 
 def limit_empty_windows(rows: list[dict], max_fraction: float, seed: int) -> list[dict]:
