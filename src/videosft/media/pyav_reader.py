@@ -13,8 +13,9 @@ so that :class:`videosft.media.video.VideoFile` takes either, per file:
 * an interlaced stream (its field order says so) goes through FFmpeg's ``bwdif`` deinterlacer, one
   frame out per frame in, at the same time.
 
-decord stays the first choice: it decodes seeking batches 1.2-1.5x faster than PyAV
-(bench/RESULTS.md, decord vs decord2).
+decord stays the first choice: every file it opens keeps today's frames and times, and it decoded the
+preprocess stage's windows 1.9x faster than this reader (geometric mean over six files, 0.24-0.91x for
+PyAV; bench/RESULTS.md, bench/video_readers.py).
 """
 
 from __future__ import annotations
