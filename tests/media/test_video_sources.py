@@ -79,11 +79,36 @@ def test_the_rendered_cut_has_square_pixels_at_the_display_size(tmp_path):
     assert shown_roundness(rendered.frames) == pytest.approx(planned, abs=0.04)
 
 
-def test_an_empty_file_is_named_as_empty(tmp_path):
+def test_an_empty_file_is_named_as_empty_and_an_audio_file_as_without_video(tmp_path):
+    import av
+
     (tmp_path / "empty.mp4").write_bytes(b"")
     with pytest.raises(Rejected, match="empty file") as caught:
         VideoFile(tmp_path / "empty.mp4")
     assert caught.value.code == "video_empty"
+    with av.open(str(tmp_path / "talk.m4a"), "w") as container:
+        sound = container.add_stream("aac", rate=48000)
+        sound.layout = "stereo"
+        for block in range(8):
+            silence = av.AudioFrame.from_ndarray(np.zeros((2, 1024), np.float32), format="fltp", layout="stereo")
+            silence.sample_rate, silence.pts = 48000, block * 1024
+            container.mux(sound.encode(silence))
+        container.mux(sound.encode())
+    with pytest.raises(Rejected, match=r"no video stream \(an audio-only file\?\)"):
+        VideoFile(tmp_path / "talk.m4a")
+
+
+def test_ffmpegs_messages_stay_out_of_the_terminal_unless_a_reject_quotes_them(tmp_path, capfd):
+    """PyAV's reads of a damaged file keep FFmpeg's complaints (decord's own bundled FFmpeg still prints)."""
+    from videosft.media.pyav_reader import PyAVReader
+
+    whole = bars_video(tmp_path / "whole.mp4", frames=240, mux={"movflags": "faststart"})
+    cut = tmp_path / "cut.mp4"
+    cut.write_bytes(whole.read_bytes()[:int(whole.stat().st_size * 0.6)])
+    capfd.readouterr()
+    reader = PyAVReader(cut)
+    reader.get_batch([0, len(reader) - 1])
+    assert capfd.readouterr().err == ""
 
 
 def bars_video(path: Path, codec: str = "libx264", frames: int = 48, woven: bool = False, options: dict | None = None,
@@ -138,7 +163,7 @@ def test_a_cut_off_file_keeps_what_decodes_and_names_the_rest(layout, tmp_path):
     cut = tmp_path / f"cut{suffix}"
     cut.write_bytes(data[:int(len(data) * 0.6)])
     if layout == "index at the end":  # the MP4's index went with the end: nothing can be read, and it says so
-        with pytest.raises(Rejected, match="could not be decoded") as caught:
+        with pytest.raises(Rejected, match="could not be decoded .*moov atom not found.*index is missing: cut off") as caught:
             VideoFile(cut)
         assert caught.value.code == "video_undecodable"
         return

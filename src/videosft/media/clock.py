@@ -139,7 +139,9 @@ def media_clock(path, timestamps: np.ndarray, duration: float) -> MediaClock:
     """The clock of the video at ``path`` whose frames show at ``timestamps`` (player's clock) until ``duration``."""
     import av
 
-    with av.open(str(path)) as container:
+    from .pyav_reader import ffmpeg_log
+
+    with ffmpeg_log(), av.open(str(path)) as container:
         stream = container.streams.video[0]
         tagged = start_timecode(container, stream)
         audio = container.streams.audio[0] if container.streams.audio else None

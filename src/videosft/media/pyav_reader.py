@@ -21,11 +21,30 @@ PyAV; bench/RESULTS.md, bench/video_readers.py).
 from __future__ import annotations
 
 import os
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
 
 INTERLACED = {"tt", "bb", "tb", "bt"}  # FFmpeg's field orders other than progressive / unknown
+
+
+@contextmanager
+def ffmpeg_log():
+    """FFmpeg's messages while PyAV reads a file, kept (this thread's) instead of printed among the
+    stage's own lines: a reject quotes them (:func:`said`), otherwise they are dropped."""
+    import av.logging
+
+    if av.logging.get_level() is None:  # PyAV leaves FFmpeg printing to stderr unless a level is set
+        av.logging.set_level(av.logging.WARNING)
+    with av.logging.Capture() as logs:
+        yield logs
+
+
+def said(logs) -> str:
+    """The last few distinct FFmpeg messages, for a reject's text."""
+    lines = list(dict.fromkeys(message.strip() for _level, _name, message in logs if message.strip()))
+    return f" (FFmpeg: {'; '.join(lines[-3:])})" if lines else ""
 
 
 class Frames:
@@ -56,17 +75,20 @@ class PyAVReader:
 
         self.path = Path(path)
         size = os.path.getsize(self.path)
-        with av.open(str(self.path)) as container:
-            stream = container.streams.video[0]
-            self.time_base = stream.time_base
-            self.interlaced = field_order(stream) in INTERLACED
-            self.field_order = field_order(stream)
-            stated = container.duration / 1e6 if container.duration else None
-            packets = list(_packets(container, stream))
+        with ffmpeg_log() as logs:
+            try:
+                with av.open(str(self.path)) as container:
+                    stream = container.streams.video[0]
+                    self.time_base = stream.time_base
+                    self.interlaced = field_order(stream) in INTERLACED
+                    stated = container.duration / 1e6 if container.duration else None
+                    packets = list(_packets(container, stream))
+            except av.error.FFmpegError as error:
+                raise ValueError(f"{error}{said(logs)}") from None
         whole = [(pts, duration) for pts, duration, pos, length in packets
                  if pos is None or pos < 0 or pos + length <= size]
         if len(whole) < 2:
-            raise ValueError(f"{len(whole)} whole video packet(s) in the file")
+            raise ValueError(f"{len(whole)} whole video packet(s) in the file{said(logs)}")
         whole.sort()
         self.pts = np.array([pts for pts, _ in whole], dtype=np.int64)
         if stated is not None and stated > (self.pts[-1] - self.pts[0]) * float(self.time_base) + 0.05:
@@ -89,7 +111,7 @@ class PyAVReader:
         """The presentation times that decode from the keyframe before ``pts`` to where the file breaks off."""
         import av
 
-        with av.open(str(self.path)) as container:
+        with ffmpeg_log(), av.open(str(self.path)) as container:
             stream = container.streams.video[0]
             container.seek(pts, stream=stream, backward=True, any_frame=False)
             return {frame.pts for frame in _decoded(container, stream) if frame.pts is not None}
@@ -109,7 +131,7 @@ class PyAVReader:
 
         wanted = {int(self.pts[i]) for i in indices}
         found: dict[int, np.ndarray] = {}
-        with av.open(str(self.path)) as container:
+        with ffmpeg_log() as logs, av.open(str(self.path)) as container:
             stream = container.streams.video[0]
             container.seek(min(wanted), stream=stream, backward=True, any_frame=False)
             for frame in _deinterlaced(container, stream) if self.interlaced else _decoded(container, stream):
@@ -122,7 +144,7 @@ class PyAVReader:
         missing = sorted(wanted - set(found))
         if missing:
             raise ValueError(f"{len(missing)} of the wanted frames did not decode (first at "
-                             f"{(missing[0] - self.pts[0]) * float(self.time_base):.3f} s)")
+                             f"{(missing[0] - self.pts[0]) * float(self.time_base):.3f} s){said(logs)}")
         return Frames(np.stack([found[int(self.pts[i])] for i in indices]))
 
 

@@ -136,13 +136,23 @@ def stream_facts(path: Path) -> tuple[float, Fraction, bool]:
     so its times are shifted by this much. Other containers start the player's clock at the first frame."""
     import av
 
-    from .pyav_reader import INTERLACED, field_order
+    from .pyav_reader import INTERLACED, ffmpeg_log, field_order, said
 
-    with av.open(str(path)) as container:
-        stream = container.streams.video[0]
-        aspect = stream.sample_aspect_ratio or stream.codec_context.sample_aspect_ratio
-        aspect = Fraction(aspect) if aspect and aspect > 0 else Fraction(1)
-        interlaced = field_order(stream) in INTERLACED
-        if "mov" not in container.format.name.split(",") or stream.start_time is None:
-            return 0.0, aspect, interlaced
-        return float(stream.start_time * stream.time_base), aspect, interlaced
+    with ffmpeg_log() as logs:
+        try:
+            with av.open(str(path)) as container:
+                if not container.streams.video:
+                    raise ValueError("no video stream (an audio-only file?)")
+                stream = container.streams.video[0]
+                aspect = stream.sample_aspect_ratio or stream.codec_context.sample_aspect_ratio
+                interlaced = field_order(stream) in INTERLACED
+                mov = "mov" in container.format.name.split(",")
+                start = float(stream.start_time * stream.time_base) if mov and stream.start_time is not None else 0.0
+        except av.error.FFmpegError as error:
+            hint = " - the MP4's index is missing: cut off before its end, where the index was" \
+                if "moov atom not found" in str(error) else ""
+            raise ValueError(f"{str(error).split(': ')[0]}{said(logs)}{hint}") from None
+        except AttributeError:  # PyAV gives a stream without parameters: nothing says what it holds
+            raise ValueError("the video stream's parameters are missing (an MP4 cut off, with its index at the "
+                             f"end?){said(logs)}") from None
+    return start, Fraction(aspect) if aspect and aspect > 0 else Fraction(1), interlaced
