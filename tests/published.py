@@ -94,7 +94,18 @@ def qwen35_tokenizer():
 
 
 def tiny_qwen35_config(tokenizer) -> dict:
-    """The published Qwen3.5-4B config with small widths: same layer pattern, ratios, vocabulary."""
+    """The published Qwen3.5-4B config with small widths: same layer pattern, ratios, vocabulary, and
+    the vision token ids of the real tokenizer."""
+    config = qwen35_config_at_small_widths()
+    ids = tokenizer.convert_tokens_to_ids
+    assert [config[k] for k in ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id")] == \
+        ids(["<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>"]), "the published ids"
+    assert config["text_config"]["eos_token_id"] == ids("<|endoftext|>")
+    return config
+
+
+def qwen35_config_at_small_widths() -> dict:
+    """The published Qwen3.5-4B config with small widths (tied head, mtp layers, 248,320-row vocabulary)."""
     config = json.loads((PROJECT / "bench" / "configs" / "Qwen3.5-4B.json").read_text())
     text, vision = config["text_config"], config["vision_config"]
     layers = 4
@@ -104,10 +115,6 @@ def tiny_qwen35_config(tokenizer) -> dict:
     text["rope_parameters"]["mrope_section"] = [2, 1, 1]  # 32 x 0.25 rotary dims, halved, split as published (11:11:10)
     vision.update(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64,
                   num_position_embeddings=64)
-    ids = tokenizer.convert_tokens_to_ids
-    assert [config[k] for k in ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id")] == \
-        ids(["<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>"]), "the published ids"
-    assert text["eos_token_id"] == ids("<|endoftext|>")
     return config
 
 
@@ -124,24 +131,29 @@ def mtp_tensors(config: dict) -> dict:
     return {key: value.to(torch.bfloat16) for key, value in tensors.items()}
 
 
-def published_qwen35(out: Path, seed: int = 0) -> Path:
+def qwen35_weights(out: Path, config: dict, seed: int = 0, shard_size: str = "20MB") -> Path:
+    """Random bfloat16 weights for a Qwen3.5 ``config`` in transformers' shards (and its config.json), plus
+    the multi-token-prediction tensors in a shard of their own listed in the index, as published."""
     import torch
     from safetensors.torch import save_file
     from transformers import AutoConfig, Qwen3_5ForConditionalGeneration
 
     out.mkdir(parents=True, exist_ok=True)
-    tokenizer = qwen35_tokenizer()
-    config = tiny_qwen35_config(tokenizer)
     torch.manual_seed(seed)
     model = Qwen3_5ForConditionalGeneration(AutoConfig.for_model(**config)).to(torch.bfloat16)
-    model.save_pretrained(out, max_shard_size="20MB")
+    model.save_pretrained(out, max_shard_size=shard_size)
     mtp = mtp_tensors(config)
     save_file(mtp, out / "model-mtp.safetensors", metadata={"format": "pt"})
     index_path = out / "model.safetensors.index.json"
     index = json.loads(index_path.read_text())
     index["weight_map"].update(dict.fromkeys(mtp, "model-mtp.safetensors"))
     index_path.write_text(json.dumps(index, indent=2))
+    return out
 
+
+def published_qwen35(out: Path, seed: int = 0) -> Path:
+    tokenizer = qwen35_tokenizer()
+    qwen35_weights(out, tiny_qwen35_config(tokenizer), seed)
     write_hub_files(out, tokenizer, {"chat_template.jinja": QWEN35_TEMPLATE},
                     {"bos_token_id": 248044, "eos_token_id": [248046, 248044], "pad_token_id": 248044,
                      "do_sample": True, "temperature": 0.6, "top_k": 20, "top_p": 0.95})

@@ -43,6 +43,60 @@ def test_bad_config_names_each_key_its_value_and_what_is_allowed_in_a_line(monke
         config_lib.resolve({"train": {"tail": "sometimes"}})  # the schema's own account on request
 
 
+def test_a_snakemake_config_override_is_read_as_the_types_the_schema_asks(monkeypatch):
+    """Snakemake's own --config parser leaves every nested value a string; where the schema asks for a
+    boolean, integer, number or null it is read as one, and where it allows a string it stays text."""
+    from snakemake.cli import parse_config
+
+    monkeypatch.delenv("VIDEOSFT_DEBUG", raising=False)
+    overrides = parse_config(["predict={'videos': 'some/dir', 'render': True, 'batch_size': 8, "
+                              "'min_agreement': .75, 'query': 'True', 'adapter': 'null'}",
+                              "train={'pack_tokens': null, 'lr': 1e-4, 'gradient_checkpointing': no}",
+                              "memory={'world_sizes': [1, 2]}"])
+    assert overrides["predict"]["render"] == "True" and overrides["memory"]["world_sizes"] == ["1", "2"]  # as given
+    resolved = config_lib.resolve(overrides)
+    assert resolved["predict"] == {**config_lib.resolve({})["predict"], "videos": "some/dir", "render": True,
+                                   "batch_size": 8, "min_agreement": 0.75, "query": "True", "adapter": "null"}
+    assert resolved["train"]["pack_tokens"] is None and resolved["train"]["lr"] == 1e-4
+    assert resolved["train"]["gradient_checkpointing"] is False and resolved["memory"]["world_sizes"] == [1, 2]
+    with pytest.raises(ValueError) as raised:  # a value that is none of what the schema allows still fails, by name
+        config_lib.resolve(parse_config(["predict={'render': maybe, 'batch_size': 2.5}", "window={length: long}"]))
+    assert str(raised.value).splitlines()[:3] == [
+        'config key predict.batch_size: "2.5" is not allowed; it must be of type integer',
+        'config key predict.render: "maybe" is not allowed; it must be of type boolean',
+        'config key window.length: "long" is not allowed; it must be of type number']
+
+
+# The descriptions that a comma once cut short (a comma ends an unquoted value in a YAML {flow: mapping}).
+WHOLE_DESCRIPTIONS = {
+    ("predict", "render"): "Also write the cut video (H.264, no audio) beside the timelines.",
+    ("predict", "batch_size"): "Windows answered together (left-padded, KV cache).",
+    ("demo", "pretrain", "clips"): "Rendered clips, held-out ones included.",
+    ("model", "path"): "Checkpoint directory (config, safetensors, tokenizer, processor).",
+}
+
+
+def schema_nodes(node: dict, path: tuple = ()):
+    """(dotted key, its schema) for every key of the config schema, nested sections included."""
+    for name, child in node.get("properties", {}).items():
+        yield (*path, name), child
+        yield from schema_nodes(child, (*path, name))
+
+
+def test_every_schema_description_is_whole():
+    import jsonschema
+
+    nodes = dict(schema_nodes(config_lib.schema()))
+    for path, text in WHOLE_DESCRIPTIONS.items():
+        assert nodes[path]["description"] == text, ".".join(path)
+    # the rest of a cut description becomes a key of its own, which JSON Schema does not know
+    known = set(jsonschema.Draft202012Validator.VALIDATORS) | {"description", "default", "title", "examples"}
+    for path, node in nodes.items():
+        assert set(node) <= known, f"{'.'.join(path)}: not schema keywords: {sorted(set(node) - known)}"
+        text = node.get("description", ".").strip()
+        assert text.endswith((".", ")")), f"{'.'.join(path)}: description ends mid-sentence: {text!r}"
+
+
 def test_stage_sections_are_all_a_stage_gets(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # the default input paths, relative to the working directory, exist here
     (tmp_path / "data" / "demo" / "videos").mkdir(parents=True)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import re
 from pathlib import Path
 from typing import Any, Optional
 
@@ -58,9 +59,52 @@ def _fill_defaults(schema_: dict, instance: dict) -> None:
             _fill_defaults(subschema, instance[key])
 
 
+# Snakemake reads a nested --config value with YAML's BaseLoader, which keeps every scalar a string:
+# ``--config "predict={'render': True, 'batch_size': 8}"`` arrives as {'render': 'True', 'batch_size': '8'}.
+# Such a string is read as the boolean, number or null it spells, but only where the schema allows no
+# string: where it does (a query, a path), the text stays as given, even 'True' or 'null'.
+_BOOLEANS = {"true": True, "yes": True, "on": True, "false": False, "no": False, "off": False}
+_NULLS = {"null", "none", "~", ""}
+_INTEGER = re.compile(r"[-+]?\d+")
+_NUMBER = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
+
+
+def _kinds(subschema: dict) -> set[str]:
+    kinds = subschema.get("type", ())
+    return set(kinds if isinstance(kinds, list) else [kinds])
+
+
+def _typed_scalar(text: str, kinds: set[str]):
+    word = text.strip()
+    if "boolean" in kinds and word.lower() in _BOOLEANS:
+        return _BOOLEANS[word.lower()]
+    if "null" in kinds and word.lower() in _NULLS:
+        return None
+    if "integer" in kinds and _INTEGER.fullmatch(word):
+        return int(word)
+    if "number" in kinds and _NUMBER.fullmatch(word):
+        return float(word)
+    return text  # not what the schema asks: validation names the key and what it must be
+
+
+def typed_strings(value: Any, subschema: dict) -> Any:
+    """``value`` with each string that stands where ``subschema`` asks for a boolean, integer, number or
+    null (and allows no string) read as one, as Snakemake's --config parser leaves them strings."""
+    if isinstance(value, dict):
+        properties = subschema.get("properties", {})
+        return {key: typed_strings(item, properties[key]) if key in properties else item
+                for key, item in value.items()}
+    if isinstance(value, list) and isinstance(subschema.get("items"), dict):
+        return [typed_strings(item, subschema["items"]) for item in value]
+    if isinstance(value, str) and "string" not in _kinds(subschema) and _kinds(subschema):
+        return _typed_scalar(value, _kinds(subschema))
+    return value
+
+
 def resolve(config: dict | None) -> dict:
-    """Validate a config dict and fill every default from the schema; every problem is named at once."""
-    config = json.loads(json.dumps(config or {}))
+    """Validate a config dict and fill every default from the schema; every problem is named at once.
+    Strings where the schema asks for another type are read as that type first (:func:`typed_strings`)."""
+    config = typed_strings(json.loads(json.dumps(config or {})), schema())
     _fill_defaults(schema(), config)
     found = problems(config)
     if found:

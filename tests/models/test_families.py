@@ -87,6 +87,11 @@ def test_every_stage_runs_on_each_family_as_its_record_says(family: Family, runs
     assert tensors["summary"] == f"{tensors['matched']} of {tensors['matched']} tensors matched"
     check_predictions(family, results["predict"])
     check_checkpoint_layouts(family, model_dir, out / "export", results["probe"])
+    exported = results["export"]  # every base tensor kept, tie flags as the files hold the head
+    assert exported["left_out"] == []
+    assert exported["copied_tensors"]["count"] == results["probe"]["known_extras"]["count"]
+    tie = exported["tie_word_embeddings"]
+    assert tie["config_top"] is tie["text_config"] is (not tie["lm_head_in_files"]), tie
 
 
 def check_training(family: Family, train: dict) -> None:
@@ -173,7 +178,7 @@ def check_predictions(family: Family, results: dict) -> None:
 
 def check_checkpoint_layouts(family: Family, model_dir: Path, exported: Path, probe_results: dict) -> None:
     """The tiny checkpoint, and the merged one export writes, are in the family's published key layout,
-    and the merged one maps whole onto the model."""
+    and the merged one maps whole onto the model and keeps what the model class skips (Qwen3.5's mtp.*)."""
     from videosft.models.checkpoint import build_meta_model, map_checkpoint, read_checkpoint
 
     layout = family.checkpoint
@@ -186,7 +191,9 @@ def check_checkpoint_layouts(family: Family, model_dir: Path, exported: Path, pr
     extras = probe_results["known_extras"]
     assert sorted(extras["by_prefix"]) == sorted(prefix.rstrip(".") for prefix in layout.extras)
     report = map_checkpoint(build_meta_model(exported), read_checkpoint(exported))
-    assert report.ok and not report.ignored, report.problems()
+    base = map_checkpoint(build_meta_model(model_dir), read_checkpoint(model_dir))
+    assert report.ok and report.ignored == base.ignored, report.problems()
+    assert {key.split(".", 1)[0] for key in report.ignored} == set(extras["by_prefix"])
 
 
 def test_the_published_checkpoints_are_what_users_download(runs):

@@ -59,3 +59,14 @@ def test_a_pretraining_that_did_not_take_fails_the_demo_stage(processor, demo_di
     cfg = demo_cfg(steps=2, clips=10, held_out=4, min_exact_match=1.0)
     with pytest.raises(RuntimeError, match="raise demo.pretrain.steps"):
         pretraining.pretrain(model, processor, cfg, "system line")
+
+
+def test_the_demo_checkpoints_tie_flags_agree_with_its_files(demo_dir):
+    """Tied at the top level (transformers) and in the text config (vLLM), and no lm_head.weight in the files."""
+    import json
+
+    from videosft.models.checkpoint import read_checkpoint
+
+    config = json.loads((demo_dir / "model" / "config.json").read_text())
+    assert "lm_head.weight" not in read_checkpoint(demo_dir / "model")
+    assert config["tie_word_embeddings"] is config["text_config"]["tie_word_embeddings"] is True

@@ -186,20 +186,38 @@ def test_a_keep_list_corrected_by_hand_is_written_again_without_a_model(predicte
         predict.main(["--config", cfg, "--out", str(tmp_path / "unused"), "--keep", str(edited / "keep.json")])
 
 
-@pytest.mark.slow  # the adapter fixture and a predict run
-def test_a_broken_video_in_a_folder_is_recorded_and_the_others_go_on(demo_dir, demo_config, adapter, tmp_path):
+def folder_with_a_broken_video(demo_dir: Path, tmp_path: Path) -> tuple[Path, Path]:
+    """A folder of one demo video and ``broken.mp4``, which is no video at all: (the folder, the good video)."""
     folder = tmp_path / "videos"
     folder.mkdir()
     good = sorted((demo_dir / "videos").glob("*.mp4"))[0]
     shutil.copy2(good, folder / good.name)
     (folder / "broken.mp4").write_bytes(b"not a video")
-    cfg = {**demo_config, "predict": {"videos": str(folder)}}
+    return folder, good
+
+
+@pytest.mark.slow  # the adapter fixture and a predict run
+def test_a_broken_video_in_a_folder_is_recorded_and_the_others_go_on(demo_dir, demo_config, adapter, tmp_path,
+                                                                     capsys):
+    folder, good = folder_with_a_broken_video(demo_dir, tmp_path)
+    cfg = {**demo_config, "predict": {"videos": str(folder), "max_skipped": None}}
     assert predict.main(["--config", stage_json("predict", cfg), "--adapter", str(adapter),
                          "--out", str(tmp_path / "out")]) == 0
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert summary["videos"] == 2 and summary["predicted"] == 1 and list(summary["outputs"]) == [good.name]
     rejects = [json.loads(line) for line in (tmp_path / "out" / "rejects.jsonl").read_text().splitlines()]
     assert any("broken.mp4" in r["where"] and "could not be decoded" in r["error"] for r in rejects)
+    # counted by the Rejected's code, not the exception's class; listed as skipped, with its reason in words
+    assert summary["rejects"]["by_code"]["video_undecodable"] == 1  # beside the untrained answers' answer_format
+    assert "video cannot be decoded" in summary["rejects"]["by_reason"]
+    assert [(s["shown"], s["code"]) for s in summary["skipped"]] == [("broken.mp4", "video_undecodable")]
+    # the run's last lines name the skipped video and why, in words a person acts on
+    closing = capsys.readouterr().out.rstrip().splitlines()[-2:]
+    assert closing[0].startswith("predict: skipped 1 of 2 videos (predict.max_skipped: any number); the cut "
+                                 f"lists of the other 1 are in {tmp_path / 'out'}")
+    assert closing[1].startswith("  broken.mp4: could not be decoded as a video (")
+    assert closing[1].endswith("; check the file or re-encode it")
+    assert not any(name in closing[1] for name in ("ValueError", "Rejected", "video_undecodable"))  # words only
 
     # new videos have no annotations: the report has nothing to score, says so, and shows no numbers
     result = report.make_report(report.Inputs(predict=tmp_path / "out" / "summary.json"), tmp_path / "report")
@@ -207,6 +225,71 @@ def test_a_broken_video_in_a_folder_is_recorded_and_the_others_go_on(demo_dir, d
     assert (tmp_path / "report" / "evaluation_source_time.csv").read_text().splitlines() == ["metric,value,definition"]
     page = (tmp_path / "report" / "evaluation.html").read_text()
     assert "nothing to score: predict cut 1 of 2 new videos" in page and "keep_precision" not in page
+
+
+@pytest.mark.slow  # the adapter fixture and two predict runs on one small video
+def test_predict_fails_past_max_skipped_naming_the_videos_after_writing_what_it_could(demo_dir, demo_config,
+                                                                                      adapter, tmp_path):
+    from videosft.errors import ConfigError, UserError
+
+    folder, good = folder_with_a_broken_video(demo_dir, tmp_path)
+    out = tmp_path / "out"
+    cfg = {**demo_config, "predict": {"videos": str(folder)}}  # max_skipped: 0, the default
+    with pytest.raises(UserError) as raised:
+        predict.main(["--config", stage_json("predict", cfg), "--adapter", str(adapter), "--out", str(out)])
+    message = str(raised.value)
+    assert "predict skipped 1 of 2 videos, more than predict.max_skipped (0) allows" in message
+    assert "\n  broken.mp4: could not be decoded as a video (" in message and "raise predict.max_skipped" in message
+    summary = json.loads((out / "summary.json").read_text())  # written before the failure: the user sees all
+    assert summary["predicted"] == 1 and summary["skipped"][0]["code"] == "video_undecodable"
+    assert "broken.mp4" in (out / "rejects.jsonl").read_text()
+    assert [keep.parent.name.split("-", 1)[1] for keep in out.glob("*/keep.json")] == [good.stem]
+    assert json.loads((out / "run_record.json").read_text())["status"] == "failed"
+
+    # one video that cannot be read: nothing was done, whatever max_skipped allows
+    cfg = {**demo_config, "predict": {"videos": str(folder / "broken.mp4"), "max_skipped": None}}
+    with pytest.raises(ConfigError, match=r"could be read:\n  broken.mp4: could not be decoded"):
+        predict.main(["--config", stage_json("predict", cfg), "--adapter", str(adapter), "--out", str(out)])
+
+
+@pytest.mark.slow  # the adapter fixture and a predict run on one small video
+def test_a_video_none_of_whose_windows_can_be_encoded_is_skipped_not_cut_to_nothing(demo_dir, demo_config,
+                                                                                   adapter, tmp_path, monkeypatch):
+    """An empty cut list would read as "nothing worth keeping" for a video the model never saw."""
+    from videosft.encoding import prompts
+    from videosft.errors import ConfigError, Rejected
+
+    def undecodable(window, *_args):
+        raise Rejected("video_undecodable", f"frames of {window['window_id']} could not be decoded (test)")
+
+    monkeypatch.setattr(prompts, "build_sample", undecodable)
+    good = sorted((demo_dir / "videos").glob("*.mp4"))[0]
+    cfg = {**demo_config, "predict": {"videos": str(good)}}
+    with pytest.raises(ConfigError, match=rf"could be read:\n  {good.name}: none of its 2 windows could be encoded "
+                                          rf"\(the first: frames of {good.name}#0 could not be decoded \(test\)\)"):
+        predict.main(["--config", stage_json("predict", cfg), "--adapter", str(adapter), "--out", str(tmp_path)])
+    assert not list(tmp_path.glob("*/keep.json"))
+    assert json.loads((tmp_path / "summary.json").read_text())["skipped"][0]["code"] == "video_undecodable"
+
+
+def test_an_empty_folder_is_named_before_the_model_loads(demo_config, tmp_path):
+    from videosft.errors import ConfigError
+
+    (tmp_path / "videos").mkdir()
+    (tmp_path / "videos" / "notes.txt").write_text("no video here")
+    cfg = {**demo_config, "predict": {"videos": str(tmp_path / "videos")}}
+    with pytest.raises(ConfigError, match="videos holds no video .*point predict.videos at a folder of videos"):
+        predict.main(["--config", stage_json("predict", cfg), "--out", str(tmp_path / "out")])
+
+
+def test_max_skipped_is_declared_with_its_default_and_why():
+    node = config_lib.schema()["properties"]["predict"]["properties"]["max_skipped"]
+    assert node["default"] == 0 and node["type"] == ["integer", "null"] and node["minimum"] == 0
+    for words in ("null allows any number", "closing lines", "summary.json", "exit status", "single video file"):
+        assert words in " ".join(node["description"].split()), words
+    view = config_lib.for_stage("predict", {"predict": {"max_skipped": "null"}})  # as Snakemake's --config passes it
+    assert view.predict.max_skipped is None
+    assert config_lib.resolve({})["predict"]["max_skipped"] == 0
 
 
 @pytest.mark.slow  # about 10 s

@@ -9,7 +9,7 @@ import json
 import pytest
 import yaml
 
-from conftest import copy_checkout, snakemake
+from conftest import copy_checkout, planned_jobs, snakemake
 
 pytestmark = pytest.mark.slow
 
@@ -47,6 +47,21 @@ def test_a_misspelt_key_is_one_line_with_the_key_it_meant(checkout):
     assert "config key window.lenght: not a key of the config; did you mean window.length?" in output
     assert 'config key train.tail: "sometimes" is not allowed; it must be one of pad or drop or error' in output
     assert "additionalProperties" not in output and len(output.splitlines()) < 40, output  # no schema dump
+
+
+def test_a_nested_override_on_the_command_line_takes_booleans_and_numbers(checkout):
+    """Snakemake hands a nested --config value over as strings ('True', '2'); they validate as the
+    boolean and integer the schema asks for, and a value that is neither still stops the run by name."""
+    (checkout / "override_videos").mkdir(exist_ok=True)
+    result = snakemake(checkout, "predict", "-n", "--config",
+                       "predict={'videos': 'override_videos', 'render': True, 'batch_size': 2}")
+    output = result.stdout + result.stderr
+    assert result.returncode == 0 and planned_jobs(output)["predict"] == 1, output[-2000:]
+    result = snakemake(checkout, "predict", "-n", "--config", "predict={'videos': 'override_videos', 'render': maybe}")
+    output = result.stdout + result.stderr
+    assert result.returncode != 0 and "Traceback" not in output
+    assert 'config key predict.render: "maybe" is not allowed; it must be of type boolean' in output
+    assert nothing_ran(checkout)
 
 
 def test_a_failed_stage_ends_the_terminal_with_its_message_and_keeps_what_it_points_to(checkout):

@@ -2,7 +2,9 @@
 
 The predict stage writes its run's results there: ``source`` (``val`` or the folder of videos),
 ``model``, ``adapter`` (None for a merged model), ``min_agreement``, ``videos`` (asked for),
-``predicted`` (cut), ``windows``, ``rejects``, ``outputs`` (per video its cut list's files),
+``predicted`` (cut), ``windows``, ``rejects``, ``skipped`` (each video left without a cut list: ``video``,
+``shown`` (its name in the closing lines), ``code`` and ``reason`` in words), ``max_skipped``,
+``outputs`` (per video its cut list's files),
 ``seconds``, and for the val split ``evaluation``: the merged cut lists scored against the
 annotations in source time (:func:`videosft.evaluation.metrics.source_time_metrics`; also in
 ``evaluation.json``).

@@ -8,7 +8,8 @@ model this transformers builds, with transformers' own conversion rules, so both
 what a key means (:func:`read_checkpoint`, :func:`map_checkpoint`).
 The probe writes the map; the loader here (:func:`load_checkpoint`, used by the trainer) reads it,
 so the two can never disagree, and then compares every loaded element with the file
-(:func:`verify_loaded`; under ZeRO-3 each rank its own partition). :func:`model_class` and
+(:func:`verify_loaded`; under ZeRO-3 each rank its own partition); :func:`read_tensors` reads tensors as
+stored (the export copies the ones the model does not hold). :func:`model_class` and
 :func:`build_meta_model` say which transformers class every stage builds; :func:`tokenizer_agreement`
 checks that the tokenizer, processor and config the checkpoint ships with agree.
 """
@@ -340,6 +341,21 @@ def local_parts(target, handle, key: str) -> list[tuple[object, object]]:
         expected = read_elements(handle, key, start, min(start + size, target.ds_numel))
         parts.append((partition.data.view(-1)[: expected.numel()], expected))
     return parts
+
+
+def read_tensors(model_dir: Path, tensors: dict[str, TensorInfo], keys: list[str]) -> dict:
+    """The named tensors of a checkpoint (``tensors``: its :func:`read_checkpoint`), as stored: their
+    dtype and bytes unchanged."""
+    from safetensors import safe_open
+
+    by_shard: dict[str, list[str]] = defaultdict(list)
+    for key in keys:
+        by_shard[tensors[key].shard].append(key)
+    read = {}
+    for shard, names in sorted(by_shard.items()):
+        with safe_open(Path(model_dir) / shard, framework="pt") as handle:
+            read.update({name: handle.get_tensor(name) for name in names})
+    return read
 
 
 def read_elements(handle, key: str, start: int, stop: int):

@@ -11,11 +11,15 @@ overlapping windows (:mod:`videosft.evaluation.cutlist` states the rule). Per vi
 the timeline as ``.otio``, ``.edl`` (CMX 3600) and ``.xml`` (Final Cut Pro 7), each clip
 referencing the source file; with ``predict.render: true`` also the cut video. A video that
 cannot be decoded, or a window that cannot be encoded, is recorded with its reason; the others
-go on. With ``predict.videos: val`` the windows are the window stage's val windows, and the
-merged ranges are scored against the annotations in source time (``evaluation.json``). The next
-video is opened, decoded and prompted on a host thread while the model answers the current one
-(:func:`videosft.training.batches.one_ahead`); the summary's seconds per part therefore overlap, and
-windows/s is counted over the wall time after the model's load.
+go on. A video left without a cut list (it cannot be opened, or none of its windows can be encoded)
+is skipped: the stage's closing lines name each skipped video and why, ``summary.json`` lists them
+under ``skipped``, and past ``predict.max_skipped`` (0 by default) the stage fails, after writing
+everything else, with a message naming them. With ``predict.videos: val`` the windows are the
+window stage's val windows, and the merged ranges are scored against the annotations in source
+time (``evaluation.json``). The next video is opened, decoded and prompted on a host thread while
+the model answers the current one (:func:`videosft.training.batches.one_ahead`); the summary's
+seconds per part therefore overlap, and windows/s is counted over the wall time after the model's
+load.
 
     python -m videosft.stages.predict --config config.yaml --adapter results/train/adapter --out results/predict
     python -m videosft.stages.predict --config config.yaml --out results/predict    # model.path merged (export)
@@ -35,11 +39,11 @@ from pathlib import Path
 
 from .. import config as config_lib
 from ..config import View
-from ..data.rejects import Rejects
+from ..data.rejects import Rejects, TooManyRejects
 from ..data.windows import read_windows, window_row, windows_by_video
 from ..encoding.chat import parse_answer
 from ..encoding.prompts import window_prompts
-from ..errors import ConfigError
+from ..errors import ConfigError, Rejected
 from ..evaluation.cutlist import evaluate_in_source_time, merge_votes, to_source
 from ..evaluation.generation import greedy_answers
 from ..kernels import autotune
@@ -63,7 +67,11 @@ def videos_to_predict(cfg: View, windows_path: Path | None) -> dict[tuple[str, s
         return windows_by_video(read_windows(windows_path, "val"), Path(cfg.data.root))
     path = Path(source)
     if path.is_dir():
-        return {(str(p), None): None for p in sorted(path.rglob("*")) if p.suffix.lower() in VIDEO_SUFFIXES}
+        found = {(str(p), None): None for p in sorted(path.rglob("*")) if p.suffix.lower() in VIDEO_SUFFIXES}
+        if not found:  # else the run would end on "no video could be read", which is not what happened
+            raise ConfigError(f"predict.videos: {source} holds no video ({', '.join(sorted(VIDEO_SUFFIXES))}, in "
+                              "it or below); point predict.videos at a folder of videos or at one video")
+        return found
     if path.is_file():
         return {(str(path), None): None}
     raise ConfigError(f"predict.videos: {source} is neither val, a video file nor a folder")
@@ -90,21 +98,44 @@ class Prompted:
     results: list[dict]
 
 
+def skipped_video(path: Path, shown: str, code: str, message: str) -> dict:
+    """A video left without a cut list, as summary.json lists it: ``shown`` is how the closing lines name it
+    and ``reason`` the reject's message (what is wrong, what to do), without the path it starts with."""
+    reason = message[len(str(path)):].lstrip() if message.startswith(str(path)) else message
+    return {"video": str(path), "shown": shown, "code": code, "reason": reason}
+
+
+def shown_name(path: Path, windows: list[dict] | None, cfg: View) -> str:
+    """How a person finds the video: its path inside predict.videos (a folder), its file name (one file), or
+    for the val split its annotation's video and query."""
+    if windows:
+        return windows[0]["video"] + (f" [{windows[0]['query']}]" if windows[0]["query"] else "")
+    folder = Path(cfg.predict.videos)
+    return str(path.relative_to(folder)) if folder.is_dir() and path.is_relative_to(folder) else path.name
+
+
 def prompt_video(path: Path, windows: list[dict] | None, processor, cfg: View, rejects: Rejects,
-                 timings: dict) -> Prompted | None:
-    """One video opened, cut into windows (or the given ones) and its prompts made; None if it cannot be read."""
+                 timings: dict) -> Prompted | dict:
+    """One video opened, cut into windows (or the given ones) and its prompts made; if it cannot be read, or
+    none of its windows can be encoded, what :func:`skipped_video` says of it."""
     started = time.perf_counter()
+    shown = shown_name(path, windows, cfg)
     try:
         video = VideoFile(path)
-    except ValueError as error:
-        rejects.add(str(path), error)
-        return None
+    except ValueError as error:  # a Rejected (its code: video_undecodable, too_few_frames, ...) or a bug's
+        rejects.add(str(path), error, video=shown)
+        return skipped_video(path, shown, error.code if isinstance(error, Rejected) else "unexpected", str(error))
     source_windows = windows or []
-    name = f"{windows[0]['video']}" + (f" [{windows[0]['query']}]" if windows[0]["query"] else "") if windows \
-        else path.name
+    name = shown if windows else path.name
     windows = windows or cut_into_windows(video, path.name, cfg)
     timings["open"] += time.perf_counter() - started
     prompts, results = window_prompts(video, windows, processor, cfg, rejects, timings)
+    if not prompts:  # an empty cut list would read as "nothing worth keeping" for a video the model never saw
+        ids = {window["window_id"] for window in windows}
+        first = next((item for item in list(rejects.items) if item["where"] in ids),
+                     {"code": "unexpected", "error": "no window"})
+        return skipped_video(path, shown, first["code"], f"none of its {len(windows)} windows could be encoded "
+                             f"(the first: {first['error']})")
     clock = media_clock(path, video.timestamps, video.duration)
     return Prompted(path, name, video.duration, clock, source_windows, prompts, results)
 
@@ -174,12 +205,34 @@ def predict(cfg: View, adapter: Path | None, windows_path: Path | None, out: Pat
     autotuned = autotune.apply(model.device)
     timings = {"load_model": time.perf_counter() - started, "open": 0.0, "decode": 0.0, "preprocess": 0.0, "generate": 0.0}
     rejects = Rejects(out / "rejects.jsonl", kept_rejects)
-    outputs, results = {}, []
     started = time.perf_counter()
+    results, outputs, skipped = cut_videos(videos, model, processor, cfg, rejects, timings, out)
+    timings["after_load"] = time.perf_counter() - started  # the parts overlap: this is the wall time
+    windows = sum(len(r["windows"]) for r in results)
+    record["results"] = {"source": cfg.predict.videos, "model": cfg.model.path,
+                         "adapter": None if adapter is None else str(adapter), "autotune": autotuned,
+                         "min_agreement": cfg.predict.min_agreement,
+                         "videos": len(videos), "predicted": len(results), "windows": windows,
+                         "rejects": rejects.summary(), "skipped": skipped, "max_skipped": cfg.predict.max_skipped,
+                         "outputs": outputs, "seconds": timings,
+                         "windows_per_second": windows / max(timings["after_load"], 1e-9)}
+    if cfg.predict.videos == "val":
+        record["results"]["evaluation"] = evaluate_in_source_time(results)
+        write_json(out / "evaluation.json", record["results"]["evaluation"])
+    write_json(out / "summary.json", record["results"])  # before any failure below: the user sees everything
+    print(closing(skipped, len(videos), out, cfg, rejects), flush=True)
+
+
+def cut_videos(videos: dict, model, processor, cfg: View, rejects: Rejects, timings: dict,
+               out: Path) -> tuple[list[dict], dict[str, dict], list[dict]]:
+    """Each video's cut list written under ``out``: (results, their files by video, the videos skipped)."""
+    outputs, results, skipped = {}, [], []
     sources = [(Path(path), windows) for (path, _query), windows in videos.items()]
     prompted = one_ahead(sources, lambda source: prompt_video(*source, processor, cfg, rejects, timings))
     for index, ((path, _windows), video) in enumerate(zip(sources, prompted)):
-        if video is None:
+        if isinstance(video, dict):
+            skipped.append(video)
+            print(f"predict: skipped {video['shown']}: {video['reason']}", flush=True)
             continue
         result = answer_video(video, model, processor, cfg, rejects, timings)
         results.append(result)
@@ -188,21 +241,36 @@ def predict(cfg: View, adapter: Path | None, windows_path: Path | None, out: Pat
         print(f"predict: {result['name']}: {len(result['ranges'])} ranges, {result['kept_seconds']:.1f} of "
               f"{result['duration']:.1f} s kept, {sum(not w.get('parsed', True) for w in result['windows'])} of "
               f"{len(result['windows'])} answers unparseable", flush=True)
-    timings["after_load"] = time.perf_counter() - started  # the parts above overlap: this is the wall time
-    windows = sum(len(r["windows"]) for r in results)
-    record["results"] = {"source": cfg.predict.videos, "model": cfg.model.path,
-                         "adapter": None if adapter is None else str(adapter), "autotune": autotuned,
-                         "min_agreement": cfg.predict.min_agreement,
-                         "videos": len(videos), "predicted": len(results), "windows": windows,
-                         "rejects": rejects.summary(), "outputs": outputs, "seconds": timings,
-                         "windows_per_second": windows / max(timings["after_load"], 1e-9)}
-    if cfg.predict.videos == "val":
-        record["results"]["evaluation"] = evaluate_in_source_time(results)
-        write_json(out / "evaluation.json", record["results"]["evaluation"])
-    write_json(out / "summary.json", record["results"])
-    if not results:
-        raise ConfigError(f"no video of predict.videos ({cfg.predict.videos}) could be read; see "
-                          f"{rejects.shown}")
+    return results, outputs, skipped
+
+
+def closing(skipped: list[dict], total: int, out: Path, cfg: View, rejects: Rejects) -> str:
+    """The run's last words: how many videos have a cut list and, by name, each one skipped and why. Past
+    predict.max_skipped, or with nothing cut at all, the same listing as the stage's error instead.
+
+    A skip's log line scrolls away on a folder of hundreds of videos, so the skips are named again at the
+    end, where a person looks (on a failure in the ``error:`` message, which a failed workflow job shows)."""
+    listing = "".join(f"\n  {item['shown']}: {item['reason']}" for item in skipped)
+    limit, cut = cfg.predict.max_skipped, total - len(skipped)
+    if skipped and not cut:  # whatever max_skipped says: nothing was done (one file, or a folder of bad ones)
+        raise ConfigError(f"no video of predict.videos ({cfg.predict.videos}) could be read:{listing}\n"
+                          f"Every reject: {rejects.shown}")
+    if limit is not None and len(skipped) > limit:
+        raise TooManyRejects(
+            f"predict skipped {len(skipped)} of {count(total, 'video')}, more than predict.max_skipped ({limit}) "
+            f"allows; no cut list for:{listing}\nThe cut lists of the other {count(cut, 'video')} are in {out}, "
+            f"every reject in {rejects.shown}. Fix or remove these videos, or raise predict.max_skipped (null: "
+            "any number) to accept the skips.")
+    if not skipped:
+        others = f"; every reject: {rejects.shown}" if len(rejects) else ""
+        return f"predict: a cut list for each of {count(total, 'video')} in {out}{others}"
+    allowed = "any number" if limit is None else limit
+    return (f"predict: skipped {len(skipped)} of {count(total, 'video')} (predict.max_skipped: {allowed}); the cut "
+            f"lists of the other {cut} are in {out}, every reject in {rejects.shown}. No cut list for:{listing}")
+
+
+def count(number: int, noun: str) -> str:
+    return f"{number} {noun}{'' if number == 1 else 's'}"
 
 
 def main(argv: list[str] | None = None) -> int:

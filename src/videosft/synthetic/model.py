@@ -13,6 +13,10 @@ from .tokenizer import CHAT_TEMPLATE, build_tokenizer
 
 PATCH = dict(patch_size=16, temporal_patch_size=2, merge_size=2)
 HEADS = 4
+# The head shares the embedding's weights (no lm_head.weight in the files), as the small published
+# Qwen3.5 models do. Said at the top level, which transformers ties by, and in the text config, which
+# vLLM reads: a text config saying false would have it look for an lm_head.weight that is not there.
+TIED = True
 
 
 def build_processor(vocab_size: int):
@@ -51,6 +55,7 @@ def text_config(model_cfg: View, tokenizer) -> dict:
         max_position_embeddings=8192,
         eos_token_id=token_id("<|im_end|>"),
         pad_token_id=token_id("<|endoftext|>"),
+        tie_word_embeddings=TIED,
         rope_parameters={
             "rope_type": "default",
             "rope_theta": 10000.0,
@@ -84,7 +89,7 @@ def model_config(model_cfg: View, tokenizer):
         video_token_id=token_id("<|video_pad|>"),
         vision_start_token_id=token_id("<|vision_start|>"),
         vision_end_token_id=token_id("<|vision_end|>"),
-        tie_word_embeddings=True,
+        tie_word_embeddings=TIED,
     )
 
 
