@@ -62,6 +62,12 @@ def shard(tmp_path_factory, demo_dir):
     write_video(root / "single.mp4", rng.integers(0, 255, (1, 64, 96, 3), dtype=np.uint8), [0])
     # the first frame at 1.0 s: the MP4 muxer writes an empty edit; decord alone would put it at 0
     write_video(root / "late.mp4", rng.integers(0, 255, (50, 64, 96, 3), dtype=np.uint8), [1000 + 40 * i for i in range(50)])
+    # as people have them (tests/media/test_video_sources.py checks each closely): AV1, 32:27 pixels, interlaced
+    from encoded_videos import bars_video, circle_video
+
+    bars_video(root / "web_av1.mp4", codec="libsvtav1")
+    circle_video(root / "dvd.mp4", "libx264", (240, 360), fractions.Fraction(32, 27), frames=24)
+    bars_video(root / "broadcast.mp4", woven=True)
     good = (root / "bikes.mp4").read_bytes()
     (root / "truncated.mp4").write_bytes(good[: len(good) // 30])
     (root / "text.mp4").write_text("not a video at all")
@@ -70,7 +76,8 @@ def shard(tmp_path_factory, demo_dir):
                  for name in REAL + ["vfr.mp4", "uhd.mp4"]}
     durations["late.mp4"] = 3.0
     durations["carphone_pristine.mp4"] = 8.0  # the annotation claims 8 s; the file has 4: window 2 has no frames
-    durations.update({"single.mp4": 1.0, "truncated.mp4": 10.0, "text.mp4": 4.0})
+    durations.update({"single.mp4": 1.0, "truncated.mp4": 10.0, "text.mp4": 4.0, "web_av1.mp4": 2.0, "dvd.mp4": 3.0,
+                      "broadcast.mp4": 2.0})
     lines = [json.dumps({"video": name, "duration": duration, "keep": [[0.5, min(2.0, duration)]]})
              for name, duration in durations.items()]
     annotations = root / "annotations.jsonl"
@@ -149,3 +156,15 @@ def test_each_broken_input_is_rejected_by_name(shard):
     assert "0 frame(s)" in reasons["carphone_pristine.mp4"]
     assert any(r["video"] == "carphone_pristine.mp4" for r in rows), "the readable window was lost too"
     assert not {"single.mp4", "text.mp4"} & {r["video"] for r in rows}
+
+
+def test_av1_non_square_pixels_and_interlaced_footage_become_samples_as_a_player_shows_them(shard):
+    """Through the window and preprocess stages: each file's windows are samples, each records which decoder
+    gave its frames, and the budget planned from the display's size (DVD's 360 x 240 coded, 427 x 240 shown)."""
+    _, rows, rejects = shard
+    by_video = {row["video"]: row for row in rows}
+    assert {"web_av1.mp4", "dvd.mp4", "broadcast.mp4"} <= set(by_video), [r["where"] for r in rejects]
+    assert by_video["web_av1.mp4"]["decoding"].startswith("pyav (decord:")
+    assert by_video["broadcast.mp4"]["decoding"] == "pyav, deinterlaced (bwdif)"
+    assert by_video["dvd.mp4"]["decoding"] == by_video["bikes.mp4"]["decoding"] == "decord"
+    assert by_video["dvd.mp4"]["source_size"] == [240, 427]  # the budget planned from the display size
