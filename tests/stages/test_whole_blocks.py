@@ -4,8 +4,9 @@ run trains what the per-module gathering trains.
 Not bit for bit: DeepSpeed reduces a leaf block's gradients together when the block's backward
 ends, in another order than one parameter at a time, so gradients and their norm differ in the
 last bits (relative 1e-8 on the norm here). Adam's second step divides by the gradients' own
-size, which lifts that to about 1e-5 relative on the smallest lora_B entries. A gradient lost or
-reduced twice would show as a factor of 2 or more."""
+size, which lifts that on the smallest lora_B tensors to 1e-5 to 2e-4 of the tensor's largest entry
+(2.0e-4 measured once, 2026-12-02), hence the bound 1e-3. A gradient lost or reduced twice would
+show as a difference of the tensor's own size."""
 
 from __future__ import annotations
 
@@ -47,7 +48,7 @@ def test_whole_block_gathering_trains_the_same_adapter_on_two_ranks(prepared, de
     assert adapters[True].keys() == adapters[False].keys() and adapters[True]
     for key, tensor in adapters[False].items():
         scale = tensor.abs().max().item()
-        assert scale > 0 and (tensor - adapters[True][key]).abs().max().item() <= 1e-4 * scale, key
+        assert scale > 0 and (tensor - adapters[True][key]).abs().max().item() <= 1e-3 * scale, key
 
 
 def test_a_model_without_blocks_to_gather_is_refused():
