@@ -42,15 +42,10 @@ def _forget_outputs():
     yield
 
 
-# The files that take longest (a fresh clone's run on 2 cores, 2026-12-02), longest first. The two
-# workers take whole files in collection order (--no-loadscope-reorder), each the next when it is
-# free: longest first keeps one long file from ending the run alone on one worker.
-LONGEST_FIRST = ["workflow/test_learning.py", "workflow/test_workflow.py", "workflow/test_slurm.py",
-                 "models/test_families.py", "stages/test_train_policies.py", "stages/test_train_verify.py",
-                 "stages/test_packed_training.py", "stages/test_sequence_parallel_training.py",
-                 "workflow/test_user_errors.py", "stages/test_predict.py", "stages/test_real_videos.py",
-                 "stages/test_four_ranks.py", "stages/test_train_data_scale.py", "stages/test_offload.py",
-                 "stages/test_whole_blocks.py", "training/test_sequence_parallel.py"]
+# The files that took longest in CI (README), longest first. The two workers take whole files in
+# collection order (--no-loadscope-reorder), so these start at once instead of ending the run alone.
+LONGEST_FIRST = ["workflow/test_learning.py", "workflow/test_slurm.py", "stages/test_train_policies.py",
+                 "workflow/test_workflow.py", "models/test_families.py"]
 
 
 # Slow cases of parametrized tests whose other cases are fast (a marker line on the test would take
