@@ -174,6 +174,22 @@ def published_qwen3vl(tmp_path_factory) -> Path:
     return build(tmp_path_factory.mktemp("published-qwen3vl"))
 
 
+def saved_adapter(base, out: Path, rank: int, alpha: int, targets: list[str]) -> Path:
+    """A LoRA adapter on ``base`` with non-zero B (an untrained one leaves the base unchanged), saved to
+    ``out`` as peft saves it."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+
+    model = get_peft_model(base, LoraConfig(r=rank, lora_alpha=alpha, target_modules=targets))
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if "lora_B" in name:
+                parameter.normal_(std=0.05)
+    model.save_pretrained(out)
+    return out
+
+
 def run_torchrun(args: list[str], nproc: int = 2, timeout: int = 600, env: dict | None = None):
     """A real multi-process run, as the train rule starts it; a failing test shows its output."""
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", *args]

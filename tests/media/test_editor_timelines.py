@@ -86,7 +86,7 @@ def corpus(tmp_path_factory) -> dict[str, tuple[Path, MediaClock, VideoFile]]:
     for name, (file_name, rate, times, timecode, audio, _) in CORPUS.items():
         path = encode(folder / file_name, rate, times, timecode, audio)
         video = VideoFile(path)
-        made[name] = (path, media_clock(path, video.timestamps, video.duration), video)
+        made[name] = (path, media_clock(video), video)
     return made
 
 

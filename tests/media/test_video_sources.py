@@ -48,7 +48,7 @@ def test_the_rendered_cut_has_square_pixels_at_the_display_size(tmp_path):
 
     source = circle_video(tmp_path / "dvd.mp4", "libx264", (240, 360), Fraction(32, 27))
     video = VideoFile(source)
-    cut = render_cut(source, [(0.0, 1.0)], tmp_path / "cut.mp4", media_clock(source, video.timestamps, video.duration))
+    cut = render_cut(source, [(0.0, 1.0)], tmp_path / "cut.mp4", media_clock(video))
     with av.open(str(cut)) as container:
         stream = container.streams.video[0]
         assert (stream.height, stream.width) == (240, 426)  # 360 x 32/27 = 426.7, even

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import stage_json
+from conftest import saved_adapter, stage_json
 from published import qwen35_config_at_small_widths, qwen35_weights
 from videosft.errors import InputError
 from videosft.models.checkpoint import read_checkpoint, read_tensors
@@ -47,21 +47,12 @@ def untied_base(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def adapter(tied_base, tmp_path_factory) -> Path:
-    """A LoRA adapter with non-zero B (an untrained one leaves the base unchanged), as peft saves it."""
+    """The adapter the exports merge (conftest.saved_adapter: non-zero B)."""
     import torch
-    from peft import LoraConfig, get_peft_model
     from transformers import Qwen3_5ForConditionalGeneration
 
     base = Qwen3_5ForConditionalGeneration.from_pretrained(tied_base, dtype=torch.float32)
-    model = get_peft_model(base, LoraConfig(r=RANK, lora_alpha=ALPHA, target_modules=TARGETS))
-    torch.manual_seed(0)
-    with torch.no_grad():
-        for name, parameter in model.named_parameters():
-            if "lora_B" in name:
-                parameter.normal_(std=0.05)
-    out = tmp_path_factory.mktemp("adapter")
-    model.save_pretrained(out)
-    return out
+    return saved_adapter(base, tmp_path_factory.mktemp("adapter"), RANK, ALPHA, TARGETS)
 
 
 def run_export(model_dir: Path, adapter: Path, out: Path, dtype: str = "bfloat16") -> dict:

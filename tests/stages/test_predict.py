@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import stage_json
+from conftest import saved_adapter, stage_json
 from videosft import config as config_lib
 from videosft.stages import export
 from videosft.stages import predict
@@ -28,22 +28,13 @@ from videosft.media.video import VideoFile
 def adapter(demo_dir, tmp_path_factory) -> Path:
     """A LoRA adapter with non-zero B (an untrained one would leave the base unchanged), as peft saves it."""
     import torch
-    from peft import LoraConfig, get_peft_model
     from transformers import AutoConfig
 
     from videosft.models.checkpoint import model_class
 
     model_dir = demo_dir / "model"
     base = model_class(AutoConfig.from_pretrained(model_dir)).from_pretrained(model_dir, dtype=torch.float32)
-    model = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
-    torch.manual_seed(0)
-    with torch.no_grad():
-        for name, parameter in model.named_parameters():
-            if "lora_B" in name:
-                parameter.normal_(std=0.05)
-    out = tmp_path_factory.mktemp("adapter")
-    model.save_pretrained(out)
-    return out
+    return saved_adapter(base, tmp_path_factory.mktemp("adapter"), 4, 8, ["q_proj", "v_proj"])
 
 
 def predict_cfg(demo_config: dict, **predict_cfg) -> config_lib.View:
@@ -152,7 +143,7 @@ def test_the_rendered_cut_holds_exactly_the_kept_frames(demo_dir, tmp_path):
     video = sorted((demo_dir / "videos").glob("*.mp4"))[0]
     ranges = [(1.0, 2.5), (4.0, 5.0)]
     source = VideoFile(video)
-    clock = media_clock(video, source.timestamps, source.duration)
+    clock = media_clock(source)
     cut = VideoFile(render_cut(video, ranges, tmp_path / "cut.mp4", clock))
     assert len(cut.reader) == sum(len(source.window_frames(start, end)) for start, end in ranges)
     assert render_cut(video, [], tmp_path / "none.mp4", clock) is None and not (tmp_path / "none.mp4").exists()

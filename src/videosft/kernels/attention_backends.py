@@ -25,6 +25,8 @@ On a GPU before Hopper nothing is padded: cuDNN's kernel was not measured faster
 
 from __future__ import annotations
 
+import functools
+
 MIN_BUCKET = 256
 # whether causal_sdpa pads to buckets and asks for cuDNN's kernel first (for_batches sets it)
 _buckets = {"on": False}
@@ -72,14 +74,17 @@ def causal_sdpa(module, query, key, value, dropout: float, scaling, buckets: boo
         query, key, value = (F.pad(tensor, (0, 0, 0, extra)) for tensor in (query, key, value))
     order = [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
     # torch before 2.6 takes no priority; its own order puts cuDNN's kernel first on Hopper anyway
-    chosen = sdpa_kernel(order, set_priority=True) if "set_priority" in _parameters(sdpa_kernel) else sdpa_kernel(order)
+    chosen = sdpa_kernel(order, set_priority=True) if _takes_priority() else sdpa_kernel(order)
     with chosen:
         output = sdpa_attention_forward(module, query, key, value, None, dropout=dropout, scaling=scaling,
                                         is_causal=True)[0]
     return output[:, :tokens]
 
 
-def _parameters(function) -> set[str]:
+@functools.cache  # asked once, not in every layer's attention of every step
+def _takes_priority() -> bool:
     import inspect
 
-    return set(inspect.signature(function).parameters)
+    from torch.nn.attention import sdpa_kernel
+
+    return "set_priority" in inspect.signature(sdpa_kernel).parameters

@@ -129,25 +129,10 @@ class MediaClock:
         return cls(**{**facts, "rate": Fraction(facts["rate"])})
 
 
-def start_timecode(container, stream) -> str | None:
-    """The file's start timecode: the video stream's tag, a data (tmcd) stream's, or the container's."""
-    places = [stream, *container.streams.data, container]
-    return next((place.metadata["timecode"] for place in places if place.metadata.get("timecode")), None)
-
-
-def media_clock(path, timestamps: np.ndarray, duration: float) -> MediaClock:
-    """The clock of the video at ``path`` whose frames show at ``timestamps`` (player's clock) until ``duration``."""
-    import av
-
-    from .pyav_reader import ffmpeg_log
-
-    with ffmpeg_log(), av.open(str(path)) as container:
-        stream = container.streams.video[0]
-        tagged = start_timecode(container, stream)
-        audio = container.streams.audio[0] if container.streams.audio else None
-        width, height = stream.codec_context.width, stream.codec_context.height
-        channels = audio.codec_context.channels if audio is not None else 0
-        audio_rate = audio.codec_context.sample_rate if audio is not None else 0
+def media_clock(video) -> MediaClock:
+    """The clock of an open :class:`videosft.media.video.VideoFile`: its frames' times on the player's clock
+    and the container's facts it read when opened."""
+    timestamps, facts, tagged = video.timestamps, video.facts, video.facts.timecode
     first = float(timestamps[0])
     average = (len(timestamps) - 1) / max(float(timestamps[-1]) - first, 1e-9) if len(timestamps) > 1 else 1.0
     rate, rule = timeline_rate(average, np.diff(timestamps))
@@ -155,5 +140,6 @@ def media_clock(path, timestamps: np.ndarray, duration: float) -> MediaClock:
     code = tagged if tagged and re.fullmatch(r"\d+:\d+:\d+[:;.,]\d+", tagged) else to_timecode(0, rate, drop)
     code = to_timecode(from_timecode(code, rate, drop), rate, drop)  # one spelling: ';' exactly when drop-frame
     return MediaClock(rate=rate, rate_rule=rule, measured_fps=round(average, 6), start_timecode=code, drop_frame=drop,
-                      first_frame_seconds=first, frames=max(1, round((duration - first) * rate)), width=width,
-                      height=height, audio_channels=channels, audio_rate=audio_rate)
+                      first_frame_seconds=first, frames=max(1, round((video.duration - first) * rate)),
+                      width=facts.width, height=facts.height, audio_channels=facts.audio_channels,
+                      audio_rate=facts.audio_rate)

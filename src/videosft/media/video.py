@@ -35,8 +35,9 @@ class VideoFile:
         if self.path.is_file() and self.path.stat().st_size == 0:
             raise Rejected("video_empty", f"{path} is an empty file (0 bytes); copy or download it again")
         try:
-            self.start, self.pixel_aspect, interlaced = stream_facts(self.path)
-            self.reader, self.decoding = open_reader(self.path, interlaced)
+            self.facts = stream_facts(self.path)
+            self.start, self.pixel_aspect = self.facts.start, self.facts.pixel_aspect
+            self.reader, self.decoding = open_reader(self.path, self.facts.interlaced)
             frame_times = np.asarray(self.reader.get_frame_timestamp(np.arange(len(self.reader))))
         except Exception as error:  # decord raises bare RuntimeErrors / DECORDErrors, PyAV its own
             raise Rejected("video_undecodable", f"{path} could not be decoded as a video "
@@ -129,25 +130,33 @@ def open_reader(path: Path, interlaced: bool):
         return reader, f"pyav (decord: {str(error).splitlines()[0][:120]})"
 
 
-def stream_facts(path: Path) -> tuple[float, Fraction, bool]:
-    """When a player shows the first frame, in seconds; the pixel (sample) aspect ratio (1 when square
-    or unknown); whether the stream is interlaced (its field order says so). An MP4/MOV edit list can
-    delay the first frame (an empty edit of 1 s puts it at 1.0 s); decord counts from the first frame,
-    so its times are shifted by this much. Other containers start the player's clock at the first frame."""
+@dataclass(frozen=True)
+class StreamFacts:
+    """What the container says of the video, read once per file (:func:`stream_facts`)."""
+    start: float  # when a player shows the first frame, seconds
+    pixel_aspect: Fraction  # the sample aspect ratio; 1 when square or unknown
+    interlaced: bool  # the field order says so
+    timecode: str | None  # the start timecode: the video stream's tag, a data (tmcd) stream's, the container's
+    width: int  # coded size
+    height: int
+    audio_channels: int  # 0: no audio stream
+    audio_rate: int
+
+
+def stream_facts(path: Path) -> StreamFacts:
+    """The container's facts of the video (:class:`StreamFacts`). An MP4/MOV edit list can delay the first
+    frame (an empty edit of 1 s puts it at 1.0 s); decord counts from the first frame, so its times are
+    shifted by this much. Other containers start the player's clock at the first frame."""
     import av
 
-    from .pyav_reader import INTERLACED, ffmpeg_log, field_order, said
+    from .pyav_reader import ffmpeg_log, said
 
     with ffmpeg_log() as logs:
         try:
             with av.open(str(path)) as container:
                 if not container.streams.video:
                     raise ValueError("no video stream (an audio-only file?)")
-                stream = container.streams.video[0]
-                aspect = stream.sample_aspect_ratio or stream.codec_context.sample_aspect_ratio
-                interlaced = field_order(stream) in INTERLACED
-                mov = "mov" in container.format.name.split(",")
-                start = float(stream.start_time * stream.time_base) if mov and stream.start_time is not None else 0.0
+                return _facts(container, container.streams.video[0])
         except av.error.FFmpegError as error:
             hint = " - the MP4's index is missing: cut off before its end, where the index was" \
                 if "moov atom not found" in str(error) else ""
@@ -155,4 +164,19 @@ def stream_facts(path: Path) -> tuple[float, Fraction, bool]:
         except AttributeError:  # PyAV gives a stream without parameters: nothing says what it holds
             raise ValueError("the video stream's parameters are missing (an MP4 cut off, with its index at the "
                              f"end?){said(logs)}") from None
-    return start, Fraction(aspect) if aspect and aspect > 0 else Fraction(1), interlaced
+
+
+def _facts(container, stream) -> StreamFacts:
+    from .pyav_reader import INTERLACED, field_order
+
+    aspect = stream.sample_aspect_ratio or stream.codec_context.sample_aspect_ratio
+    mov = "mov" in container.format.name.split(",")
+    places = [stream, *container.streams.data, container]
+    audio = container.streams.audio[0].codec_context if container.streams.audio else None
+    return StreamFacts(
+        start=float(stream.start_time * stream.time_base) if mov and stream.start_time is not None else 0.0,
+        pixel_aspect=Fraction(aspect) if aspect and aspect > 0 else Fraction(1),
+        interlaced=field_order(stream) in INTERLACED,
+        timecode=next((place.metadata["timecode"] for place in places if place.metadata.get("timecode")), None),
+        width=stream.codec_context.width, height=stream.codec_context.height,
+        audio_channels=audio.channels if audio is not None else 0, audio_rate=audio.sample_rate if audio is not None else 0)

@@ -136,7 +136,7 @@ def prompt_video(path: Path, windows: list[dict] | None, processor, cfg: View, r
                      {"code": "unexpected", "error": "no window"})
         return skipped_video(path, shown, first["code"], f"none of its {len(windows)} windows could be encoded "
                              f"(the first: {first['error']})")
-    clock = media_clock(path, video.timestamps, video.duration)
+    clock = media_clock(video)
     return Prompted(path, name, video.duration, clock, source_windows, prompts, results)
 
 
