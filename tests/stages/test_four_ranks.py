@@ -14,7 +14,8 @@ pytestmark = pytest.mark.slow  # trains on 4 ranks
 
 
 def test_four_ranks_each_read_their_own_window_and_the_adapter_reloads(prepared, demo_config, tmp_path):
-    cfg = {**demo_config, "train": {**demo_config["train"], "steps": 2}}
+    # a rank that waits on the others past 180 s fails them all, with its stack, long before the run's limit
+    cfg = {**demo_config, "train": {**demo_config["train"], "steps": 2, "timeout_s": 180}}
     manifest = prepared / "preprocess" / "manifest.json"
     out = tmp_path / "train"
     run_torchrun(["-m", "videosft.stages.train", "--config", stage_json("train", cfg), "--samples", str(manifest),

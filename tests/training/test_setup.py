@@ -25,6 +25,17 @@ def test_our_values_fill_the_file_and_its_precision_follows_the_device(tmp_path)
     assert ds["gradient_clipping"] == 0.5 and ds["bf16"]["enabled"] and not ds["fp16"]["enabled"]
 
 
+def test_on_gloo_zero3_gathers_one_weight_at_a_time_unless_the_file_says(tmp_path):
+    """Many asynchronous gloo all-gathers at once hung 4 CPU ranks for good (setup.deepspeed_config)."""
+    assert deepspeed_config(written(tmp_path, {"stage": 3}), TRAIN, world=4, precision="fp32", backend="gloo")[
+        "zero_optimization"]["stage3_allgather_sequential"] is True
+    assert "stage3_allgather_sequential" not in deepspeed_config(
+        written(tmp_path, {"stage": 3}), TRAIN, world=4, precision="bf16", backend="nccl")["zero_optimization"]
+    chosen = written(tmp_path, {"stage": 3, "stage3_allgather_sequential": False})
+    assert deepspeed_config(chosen, TRAIN, world=4, precision="fp32", backend="gloo")[
+        "zero_optimization"]["stage3_allgather_sequential"] is False
+
+
 @pytest.mark.parametrize("zero, extra, message", [
     ({"stage": 2}, {}, "zero_optimization.stage must be 3"),
     ({"stage": 3, "offload_param": {"device": "nvme"}}, {}, "offload_param to nvme is not supported"),

@@ -152,7 +152,8 @@ def prepare(cfg: View, samples_path: Path, probe_path: Path, out: Path) -> Run:
     if train_cfg.pack_tokens:
         check_pack_budget([entry.input_tokens for entry in index], index.window_ids(), train_cfg.pack_tokens)
     precision = setup.choose_precision(train_cfg.precision)
-    ds_config = setup.deepspeed_config(Path(train_cfg.deepspeed_config), train_cfg, world, precision)
+    ds_config = setup.deepspeed_config(Path(train_cfg.deepspeed_config), train_cfg, world, precision,
+                                       torch.distributed.get_backend())
     run = Run(cfg, out, rank, world, device, precision, probe, index, ds_config, sequence)
     run.plan_for(0)  # a packed schedule that would leave a rank idle fails here, on every rank alike
     return run

@@ -61,8 +61,9 @@ def choose_precision(requested: str) -> str:
     return "fp32"
 
 
-def deepspeed_config(path: Path, train_cfg: View, world: int, precision: str) -> dict:
-    """The DeepSpeed config file with its "auto" values filled from our config."""
+def deepspeed_config(path: Path, train_cfg: View, world: int, precision: str, backend: str = "nccl") -> dict:
+    """The DeepSpeed config file with its "auto" values filled from our config, for the collectives of
+    ``backend``."""
     ds = json.loads(Path(path).read_text())
     ds["train_micro_batch_size_per_gpu"] = train_cfg.micro_batch_size
     ds["gradient_accumulation_steps"] = train_cfg.grad_accum
@@ -76,6 +77,13 @@ def deepspeed_config(path: Path, train_cfg: View, world: int, precision: str) ->
     if ds["zero_optimization"].get("offload_param", {}).get("device") == "nvme":
         raise ConfigError(f"{path}: offload_param to nvme is not supported (the loader writes each rank's partition "
                           "in place, in device or host memory); use \"device\": \"cpu\"")
+    if backend == "gloo":
+        # ZeRO-3 gathers the small persistent weights after each step as one asynchronous all-gather per
+        # weight; on gloo that many in flight at once can leave every rank waiting in those gathers for
+        # good, past the process-group timeout, while two ranks' gloo threads spin at 100% CPU (seen
+        # with 4 ranks on 2 cores, py-spy: all ranks in _allgather_params_coalesced). One at a time
+        # on CPU, where nothing overlaps anyway; a value in the file wins.
+        ds["zero_optimization"].setdefault("stage3_allgather_sequential", True)
     leftover = [key for key, value in ds.items() if value == "auto"]
     if leftover:
         raise ConfigError(f"{path}: no value for 'auto' keys {leftover}")
