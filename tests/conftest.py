@@ -18,6 +18,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import pytest
 
+from processes import run_bounded
 from videosft import config as config_lib
 
 PROJECT = Path(__file__).resolve().parents[1]
@@ -194,8 +195,7 @@ def run_torchrun(args: list[str], nproc: int = 2, timeout: int = 600, env: dict 
     """A real multi-process run, as the train rule starts it; a failing test shows its output."""
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", *args]
     environment = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
-    result = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout,
-                            env=environment, cwd=PROJECT)
+    result = run_bounded(command, timeout=timeout, env=environment, cwd=PROJECT)
     remember_output(command, result.stdout)
     return result
 
@@ -220,7 +220,7 @@ def snakemake(workdir: Path, *args: str, timeout: int = 900) -> subprocess.Compl
     A failing test shows Snakemake's output and the log of every job that failed."""
     env = {**os.environ, "PYTHONPATH": str(workdir / "src")}
     command = [sys.executable, "-m", "snakemake", *args]
-    result = subprocess.run(command, cwd=workdir, env=env, capture_output=True, text=True, timeout=timeout)
+    result = run_bounded(command, timeout=timeout, env=env, merge_stderr=False, cwd=workdir)
     remember_output(command, result.stdout + result.stderr)
     for log in failed_job_logs(workdir, result.stdout + result.stderr):
         remember_output([f"log of a failed job, {log}"], log.read_text(errors="replace"))

@@ -16,6 +16,7 @@ import pytest
 from safetensors.torch import load_file
 
 from conftest import PROJECT, remember_output, run_torchrun, stage_json
+from processes import kill_tree
 from videosft.data.sample_store import sample_files
 
 pytestmark = pytest.mark.slow  # trains on 2 ranks
@@ -32,18 +33,6 @@ def manifest_with(prepared: Path, tmp_path: Path, count: int) -> Path:
     path = tmp_path / "manifest.json"
     path.write_text(json.dumps({**manifest, "files": {"train": ["train-00000.parquet"]}}))
     return path
-
-
-def kill_tree(process: subprocess.Popen) -> None:
-    """SIGKILL torchrun and every worker (workers may sit in their own process groups)."""
-    if process.poll() is None:
-        for child in psutil.Process(process.pid).children(recursive=True):
-            try:
-                child.kill()
-            except psutil.NoSuchProcess:  # it ended between the listing and the kill
-                pass
-        process.kill()
-    process.wait()
 
 
 def train_args(cfg: dict, samples: Path, prepared: Path, out: Path, *extra: str) -> list[str]:

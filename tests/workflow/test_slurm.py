@@ -25,6 +25,7 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import slurm_cluster  # noqa: E402
 from conftest import copy_checkout  # noqa: E402
+from processes import run_bounded  # noqa: E402
 
 PROJECT = Path(__file__).resolve().parents[2]
 LAUNCHER = PROJECT / "workflow" / "scripts" / "torchrun-slurm.sh"
@@ -57,23 +58,6 @@ with open(os.path.join(sys.argv[1], f"rank{rank}.json"), "w") as handle:
     json.dump(result, handle)
 dist.destroy_process_group()
 """
-
-
-def run_bounded(command: list[str], *, timeout: float, **kwargs) -> subprocess.CompletedProcess:
-    """Run in a new session; past the timeout, TERM then KILL that session's process group."""
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                               start_new_session=True, **kwargs)
-    try:
-        output, _ = process.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGTERM)
-        try:
-            output, _ = process.communicate(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            output, _ = process.communicate()
-        pytest.fail(f"`{' '.join(command)}` still running after {timeout} s:\n{output[-6000:]}")
-    return subprocess.CompletedProcess(command, process.returncode, output, "")
 
 
 def read_results(directory: Path) -> list[dict]:

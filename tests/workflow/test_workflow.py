@@ -16,6 +16,7 @@ import psutil
 import pytest
 
 from conftest import copy_checkout, planned_jobs, snakemake
+from processes import gone, kill_tree
 
 pytestmark = pytest.mark.slow  # the whole pipeline, and reruns of it
 
@@ -29,57 +30,6 @@ STAGES = {
     "verify": "results/verify",
     "report": "results/report",
 }
-
-
-def stopped_tree(root: psutil.Process) -> list[psutil.Process]:
-    """``root`` and every process below it, each stopped (SIGSTOP) before its children are listed, so
-    that none starts another unseen: a fork with a signal pending is restarted after the signal."""
-    found: dict[int, psutil.Process] = {}
-    new = [root]
-    while new:
-        for process in new:
-            found[process.pid] = process
-            try:
-                process.suspend()
-            except psutil.NoSuchProcess:
-                pass
-        new = []
-        for process in list(found.values()):
-            try:
-                new += [child for child in process.children(recursive=True) if child.pid not in found]
-            except psutil.NoSuchProcess:
-                pass
-    return list(found.values())
-
-
-def gone(process: psutil.Process) -> bool:
-    """Ended (a zombie has ended; its parent, or init for an orphan, has yet to collect it)."""
-    try:
-        return process.status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return True
-
-
-def kill_tree(root: subprocess.Popen | psutil.Process) -> None:
-    """SIGKILL a process the test started and every process below it, and wait until all have ended.
-    Its tree, not its process group or a command-line pattern: torchrun starts each rank in a
-    session of its own, and a pattern also matches other pipelines' jobs on the machine."""
-    try:
-        tree = stopped_tree(psutil.Process(root.pid))
-    except psutil.NoSuchProcess:  # it had ended already (a Popen's own child: collected below)
-        tree = []
-    for process in tree:
-        try:
-            process.kill()
-        except psutil.NoSuchProcess:
-            pass
-    if isinstance(root, subprocess.Popen):
-        root.wait()
-    deadline = time.monotonic() + 60
-    while not all(gone(process) for process in tree) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    left = [process for process in tree if not gone(process)]
-    assert not left, f"still running after SIGKILL: {left}"
 
 
 def wait_for_descendants(process: subprocess.Popen, timeout: float) -> None:
