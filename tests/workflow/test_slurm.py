@@ -9,6 +9,7 @@ root; the tests themselves never install anything); the launcher's own tests nee
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import os
 import re
@@ -35,11 +36,12 @@ RECORDS = {
     "demo": ["data/demo"],
     "window": ["results/window"],
     "preprocess_shard": ["results/preprocess/shards/0", "results/preprocess/shards/1"],
-    "preprocess": ["results/preprocess"],
     "probe": ["results/probe"],
     "train": ["results/train"],
     "verify": ["results/verify"],
 }
+# Seconds of work each (joining the shards' manifests; figures): they run beside Snakemake (localrule).
+LOCAL = ["results/preprocess", "results/report"]
 PIPELINE_TIMEOUT = 900
 
 # A tiny torch.distributed program: every rank adds rank + 1 with a gloo all-reduce.
@@ -215,19 +217,21 @@ def test_launcher_inside_a_real_allocation(cluster, tmp_path):
 
 
 def test_profile_is_complete():
-    """The shipped profile: slurm executor, placeholders to replace, CPU-only data stages, GPUs for train."""
+    """The shipped profile: slurm executor, placeholders to replace, CPU-only data stages, GPUs for train;
+    nothing for the rules that run beside Snakemake."""
     profile = yaml.safe_load(PROFILE.read_text())
     assert profile["executor"] == "slurm" and profile["jobs"] > 0 and profile["latency-wait"] > 0
     assert "CHANGE-ME" in profile["default-resources"]["slurm_partition"]
     assert "CHANGE-ME" in profile["default-resources"]["slurm_account"]
     resources = profile["set-resources"]
-    for rule in ("demo", "window", "preprocess_shard", "preprocess", "probe", "verify"):
+    for rule in ("demo", "window", "preprocess_shard", "probe", "verify"):
         assert {"cpus_per_task", "mem_mb", "runtime"} <= set(resources[rule]), rule
         assert "gpu" not in resources[rule] and "gres" not in resources[rule], rule
     train = resources["train"]
     assert train["nproc"] == train["gpu"] and train["tasks_per_gpu"] == 0
     assert {"cpus_per_gpu", "mem_mb", "runtime"} <= set(train)
     assert profile["set-threads"]["train"] == train["gpu"] * train["cpus_per_gpu"]
+    assert not {"preprocess", "report"} & set(resources)
 
 
 @pytest.mark.slow  # a dry run of the whole workflow: 1.5 s on idle cores, 5.5 s beside other tests
@@ -289,16 +293,41 @@ def slurm_job_ids(output: str) -> dict[str, str]:
     return rules
 
 
+def failing_checkout(workdir: Path) -> list[str]:
+    """A checkout whose annotations are one line that is not JSON (no rejects allowed): its window job
+    fails at run time. The arguments that run it."""
+    copy_checkout(workdir)
+    bad = workdir / "bad"
+    (bad / "videos").mkdir(parents=True)
+    (bad / "annotations.jsonl").write_text("this line is not JSON\n")
+    (bad / "config.yaml").write_text(yaml.safe_dump({"data": {
+        "annotations": str(bad / "annotations.jsonl"), "root": str(bad / "videos"), "max_reject_fraction": 0}}))
+    return ["results/window/windows.parquet", "--configfile", "bad/config.yaml"]
+
+
 @pytest.fixture(scope="module")
-def slurm_run(cluster, tmp_path_factory):
+def slurm_runs(cluster, tmp_path_factory) -> dict:
+    """The whole pipeline on Slurm and, at the same time (both mostly wait on the executor's polling), a
+    run whose window job fails: "pipeline" and "failing", each (its workdir, its Snakemake run)."""
     workdir = copy_checkout(tmp_path_factory.mktemp("slurm-checkout"))
+    failing = tmp_path_factory.mktemp("slurm-failing")
+    failing_args = failing_checkout(failing)
     started = time.monotonic()
-    result = snakemake_on_slurm(cluster, workdir)
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        failed = pool.submit(snakemake_on_slurm, cluster, failing, *failing_args)
+        result = snakemake_on_slurm(cluster, workdir)
+        failed_run = failed.result()
     logs = "\n".join(f"--- {p}\n{p.read_text(errors='replace')[-2000:]}"
                      for p in sorted([*(workdir / "logs").rglob("*.log"), *(workdir / ".snakemake" / "slurm_logs").rglob("*.log")])
                      if p.is_file())
     assert result.returncode == 0, f"{result.stdout[-6000:]}\n{logs}\n{cluster.logs()}"
-    print(f"pipeline on Slurm: {time.monotonic() - started:.0f} s")
+    print(f"pipeline on Slurm, and a failing run beside it: {time.monotonic() - started:.0f} s")
+    return {"pipeline": (workdir, result), "failing": (failing, failed_run)}
+
+
+@pytest.fixture(scope="module")
+def slurm_run(slurm_runs) -> tuple[Path, str]:
+    workdir, result = slurm_runs["pipeline"]
     return workdir, result.stdout
 
 
@@ -311,6 +340,9 @@ def test_every_stage_ran_as_its_own_slurm_job(cluster, slurm_run):
     for rule, directories in RECORDS.items():
         for directory in directories:
             assert directory in records, f"{rule}: no {directory}/run_record.json"
+    for directory in LOCAL:
+        record = records.pop(directory)
+        assert record["status"] == "ok" and not record["env"].get("SLURM_JOB_ID"), (directory, record["env"])
     job_of = {}
     for directory, record in records.items():
         assert record["status"] == "ok", (directory, record["status"])
@@ -335,16 +367,9 @@ def test_every_stage_ran_as_its_own_slurm_job(cluster, slurm_run):
 
 
 @pytest.mark.slow
-def test_a_job_that_fails_on_the_cluster_fails_the_run(cluster, slurm_run, tmp_path_factory):
-    """A window job that fails at run time (a bad annotation line, no rejects allowed)."""
-    done, _ = slurm_run
-    workdir = copy_checkout(tmp_path_factory.mktemp("slurm-failing"))
-    bad = workdir / "bad" / "annotations.jsonl"
-    bad.parent.mkdir()
-    bad.write_text((done / "data/demo/annotations.jsonl").read_text() + "this line is not JSON\n")
-    (workdir / "bad" / "config.yaml").write_text(yaml.safe_dump({"data": {
-        "annotations": str(bad), "root": str(done / "data/demo/videos"), "max_reject_fraction": 0}}))
-    result = snakemake_on_slurm(cluster, workdir, "results/window/windows.parquet", "--configfile", "bad/config.yaml")
+def test_a_job_that_fails_on_the_cluster_fails_the_run(cluster, slurm_runs):
+    """A window job that fails at run time (a line that is not JSON, no rejects allowed)."""
+    workdir, result = slurm_runs["failing"]
     output = result.stdout
     assert result.returncode != 0, output[-4000:]
     assert "Error in rule window" in output, output[-4000:]

@@ -28,7 +28,9 @@ rule preprocess_shard:
 
 
 rule preprocess:
-    """Join the shards into one manifest; count and check the rejects of all of them."""
+    """Join the shards into one manifest; count and check the rejects of all of them. Seconds of
+    work: it runs where Snakemake runs, not as a cluster job that would wait in the queue."""
+    localrule: True
     input:
         shards=expand("results/preprocess/shards/{shard}", shard=SHARDS),
         after=rules.window.output.record,

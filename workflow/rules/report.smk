@@ -10,7 +10,9 @@ rule report:
     default run then also predicts (predict.videos, the val split by default), and a change to
     predict reruns the report. Off (the default), predict stays out of the default run and the
     table says how to add it; predict on a folder of new videos has nothing to score, and the
-    table says so."""
+    table says so. Seconds of work on small files: it runs where Snakemake runs, not as a cluster
+    job that would wait in the queue."""
+    localrule: True
     input:
         unpack(report_inputs),
         windows=rules.window.output.windows,
