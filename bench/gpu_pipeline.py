@@ -94,7 +94,8 @@ class SyntheticVideo:
         frame_plan = plan(total, self.fps, FRAME_SIDE, FRAME_SIDE, budget, patch_size, merge_size, temporal_patch_size)
         picks = np.linspace(0, total - 1, frame_plan.frames).round().astype(int)
         frames = self.rng.integers(0, 255, (frame_plan.frames, 3, frame_plan.height, frame_plan.width), dtype=np.uint8)
-        return Clip(torch.from_numpy(frames), picks.tolist(), (picks / self.fps).tolist(), frame_plan, FRAME_SIDE, FRAME_SIDE)
+        return Clip(torch.from_numpy(frames), picks.tolist(), (picks / self.fps).tolist(), frame_plan, FRAME_SIDE, FRAME_SIDE,
+                    "synthetic frames")
 
 
 def build_samples(config: dict, out: Path, windows: int, seconds: float, ranges: int) -> dict:
