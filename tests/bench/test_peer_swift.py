@@ -1,0 +1,67 @@
+"""bench/peer_swift.py's side of the comparison that runs without ms-swift: the samples in its format
+(frames exactly the stored ones, our chat, a budget that keeps our frame size) and the step summary."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+import peer_swift  # noqa: E402
+from videosft.data.sample_store import read_samples  # noqa: E402
+from videosft.media.pixels import frames_of  # noqa: E402
+
+
+def test_the_export_holds_each_window_s_stored_frames_and_our_chat(prepared, tmp_path):
+    manifest = prepared / "preprocess" / "manifest.json"
+    facts = peer_swift.export(manifest, "train", tmp_path)
+    rows = read_samples(manifest, "train")
+    lines = [json.loads(line) for line in (tmp_path / "swift.jsonl").read_text().splitlines()]
+    assert len(lines) == len(rows) == facts["samples"] > 0
+    for row, line in zip(rows, lines):
+        roles = [turn["role"] for turn in line["messages"]]
+        assert roles == ["system", "user", "assistant"]
+        user, answer = line["messages"][1]["content"], line["messages"][2]["content"]
+        assert user.startswith("<video>") and user.count("<video>") == 1 and row["query"] in user
+        assert answer == row["answer"]
+        (files,) = line["videos"]
+        stored = frames_of(row).permute(0, 2, 3, 1).numpy()
+        assert len(files) == len(stored)
+        assert all(np.array_equal(np.asarray(Image.open(f)), frame) for f, frame in zip(files, stored))
+    _, height, width = rows[0]["video_grid_thw"]
+    assert facts["env"]["VIDEO_MIN_TOKEN_NUM"] == facts["env"]["VIDEO_MAX_TOKEN_NUM"] == str(height * width // 4)
+    times = rows[0]["frame_times"]
+    assert float(facts["env"]["FPS"]) == pytest.approx((len(times) - 1) / (times[-1] - times[0]), rel=1e-5)
+    assert facts["our_input_tokens"] == [row["input_tokens"] for row in rows]
+
+
+def test_settings_differ_where_the_docstring_says(tmp_path):
+    lora = {"r": 8, "alpha": 16, "dropout": 0.05, "target_modules": ["q_proj", "v_proj"]}
+    ours, recommended = (peer_swift.swift_arguments(Path("m"), "qwen3_5", Path("d"), tmp_path, name, 8, lora, "cuda", 4096)
+                         for name in ("ours", "recommended"))
+    value = lambda args, flag: args[args.index(flag) + 1]  # noqa: E731
+    assert value(ours, "--attn_impl") == "sdpa" and "--packing" not in ours and value(ours, "--deepspeed") == "zero3"
+    assert value(recommended, "--attn_impl") == "flash_attn" and value(recommended, "--packing") == "true"
+    assert value(recommended, "--deepspeed") == "zero2" and value(recommended, "--use_liger_kernel") == "true"
+    for args in (ours, recommended):
+        assert value(args, "--lora_rank") == "8" and value(args, "--torch_dtype") == "bfloat16"
+        assert args[args.index("--target_modules") + 1:args.index("--target_modules") + 3] == ["q_proj", "v_proj"]
+        assert value(args, "--gradient_accumulation_steps") == "1" and value(args, "--freeze_vit") == "true"
+
+
+def test_the_summary_leaves_out_the_first_step_and_merges_losses(tmp_path):
+    steps = tmp_path / "steps.jsonl"
+    entries = [{"step": 0, "step_seconds": 5.0, "tokens": 100, "peak_allocated_gib": 3.0, "peak_reserved_gib": 4.0},
+               {"step": 0, "loss": 2.5},
+               {"step": 1, "step_seconds": 1.0, "tokens": 100, "peak_allocated_gib": 3.5, "peak_reserved_gib": 4.0},
+               {"step": 2, "step_seconds": 0.5, "tokens": 100, "peak_allocated_gib": 3.0, "peak_reserved_gib": 4.5}]
+    steps.write_text("".join(json.dumps(e) + "\n" for e in entries))
+    summary = peer_swift.summarize(steps)
+    assert summary["steps"] == 3 and summary["step0_loss"] == 2.5
+    assert summary["tokens_per_second"] == 150.0 and summary["step_seconds"] == 0.75
+    assert (summary["peak_allocated_gib"], summary["peak_reserved_gib"]) == (3.5, 4.5)
