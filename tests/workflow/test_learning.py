@@ -24,13 +24,15 @@ from videosft.evaluation.metrics import r1_iou
 
 pytestmark = pytest.mark.slow
 # The fine-tune must beat the best constant answer (what ignoring the video scores) on the same windows
-# with a moment, per window, by at least GAIN in mean IoU and by at least Z standard errors of that mean
-# gain (one-sided p < 0.0014 that a model no better than the constant gains as much). Measured
-# (2026-12-02, seed 0, 94 windows with a moment): gains of 0.184 and 0.232 in two runs of nearby commits
-# here and 0.187 on CI's machine, per-window gains spread about 0.43 (a standard error of 0.044: 0.184
-# is 4.2 of them); a fixed bar of 0.2 failed two of those three. Over five seeds before the split by
-# source video: +0.24 to +0.46 wherever the base pretrained (bench/RESULTS.md).
-GAIN = 0.15
+# with a moment, window by window: the mean of its IoU minus the constant's at least Z standard errors of
+# that mean (one-sided p < 0.0014 that a model no better than the constant gains as much) and at least
+# GAIN, a floor in case the gains' spread were ever small. Measured (2026-12-02, seed 0, 94 windows with
+# a moment): the pipeline is not the same from run to run; five runs of nearby commits here and on CI's
+# machine gained 0.184 to 0.232 (mIoU 0.584 to 0.633 against the constant's 0.400), per-window gains
+# spread about 0.43, a standard error of 0.044: the lowest is 4.2 of them. A fixed bar of 0.2 failed
+# three of the five. Over five seeds before the split by source video: +0.24 to +0.46 wherever the
+# base pretrained (bench/RESULTS.md).
+GAIN = 0.1
 Z = 3.0
 WARNING = re.compile(r"warn", re.IGNORECASE)
 
