@@ -61,7 +61,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 SETTINGS = ("ours", "recommended")
-BENCH_LORA = {"r": 8, "alpha": 16, "dropout": 0.05, "target_modules": ["q_proj", "v_proj"]}  # train_throughput's trainers
+
+
+def default_lora() -> dict:
+    """The config's LoRA defaults: what the train stage fits when train_throughput runs ``ours``."""
+    from videosft import config as config_lib
+
+    return config_lib.resolve({})["lora"]
 
 # Run with ms-swift's interpreter: argv[1] the step log, the rest swift sft's arguments.
 STEP_TIMER = r'''
@@ -122,7 +128,7 @@ def export(manifest: Path, split: str, out: Path) -> dict:
     from PIL import Image
 
     from videosft import config as config_lib
-    from videosft.data.sample_store import read_samples
+    from videosft.data.sample_store import read_manifest, read_samples
     from videosft.encoding.chat import messages
     from videosft.media.pixels import frames_of
 
@@ -152,7 +158,7 @@ def export(manifest: Path, split: str, out: Path) -> dict:
             turns.append({"role": turn["role"], "content": content})
         lines.append(json.dumps({"messages": turns, "videos": [files]}))
     (out / "swift.jsonl").write_text("\n".join(lines) + "\n")
-    per_pair = height * width // 4  # merged tokens per frame pair (2 x 2 patches merged)
+    per_pair = height * width // read_manifest(manifest)["geometry"]["merge_size"] ** 2  # merged tokens per frame pair
     env = {"FPS": f"{statistics.median(rates):.6g}", "VIDEO_MIN_TOKEN_NUM": str(per_pair),
            "VIDEO_MAX_TOKEN_NUM": str(per_pair), "FPS_MAX_FRAMES": str(max(len(r["frame_times"]) for r in rows))}
     facts = {"samples": len(rows), "env": env, "our_input_tokens": [row["input_tokens"] for row in rows],
@@ -256,10 +262,10 @@ def main(argv=None) -> int:
     parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     parser.add_argument("--swift-python", default=sys.executable, help="an interpreter where ms-swift imports")
     parser.add_argument("--swift-path", type=Path, help="first on ms-swift's PYTHONPATH (its own packages)")
-    parser.add_argument("--lora", type=json.loads, default=BENCH_LORA,
-                        help="LoRA as JSON (default: train_throughput's trainers')")
+    parser.add_argument("--lora", type=json.loads, default=None, help="LoRA as JSON (default: the config's)")
     parser.add_argument("--smoke", action="store_true", help="CPU: a tiny real-vocabulary Qwen3.5, 2 steps")
     opts = parser.parse_args(argv)
+    opts.lora = opts.lora or default_lora()
     opts.work.mkdir(parents=True, exist_ok=True)
     if opts.smoke:
         opts.device, opts.steps, opts.settings = "cpu", 2, ["ours"]

@@ -200,8 +200,8 @@ TRAINERS = {
     "ours-sp2": {"kind": "ours", "base": DEFAULT, "zero": {}, "train": {"sequence_parallel": 2}},
     "ours-sp4": {"kind": "ours", "base": DEFAULT, "zero": {}, "train": {"sequence_parallel": 4}},
     # ms-swift (bench/peer_swift.py), one GPU
-    "swift": {"kind": "swift", "settings": "ours", "base": DEFAULT, "zero": {}},
-    "swift-recommended": {"kind": "swift", "settings": "recommended", "base": DEFAULT, "zero": {}},
+    "swift": {"kind": "swift", "settings": "ours"},
+    "swift-recommended": {"kind": "swift", "settings": "recommended"},
 }
 RUN_ESTIMATE_S = {"plain": 100, "savvy": 60}  # what one run needs, to skip runs past --deadline-s (others: 70)
 
@@ -327,6 +327,7 @@ class Bench:
     def run_swift(self, name: str, spec: dict, frames: int, steps: int, manifest: Path) -> dict:
         """ms-swift on the same train samples, summarized as the other trainers are (one GPU)."""
         import peer_swift
+        import torch
 
         from videosft.data.sample_store import read_samples
 
@@ -334,10 +335,8 @@ class Bench:
             return {"skipped": "ms-swift runs on one GPU here (--gpus 1)"}
         work = self.args.work / f"{name}-{frames}"
         facts = peer_swift.export(manifest, "train", work)
-        import torch
-
         device = "cuda" if torch.cuda.is_available() else "cpu"
-        options = argparse.Namespace(model=self.model_dir, steps=steps, lora=peer_swift.BENCH_LORA, device=device,
+        options = argparse.Namespace(model=self.model_dir, steps=steps, lora=peer_swift.default_lora(), device=device,
                                      max_length=65536, swift_python=self.args.swift_python, swift_path=self.args.swift_path)
         run = peer_swift.run_swift(options, facts, work, spec["settings"])
         if run["returncode"] != 0 or not run.get("steps"):
