@@ -286,7 +286,8 @@ def run_mode(name, batches_of, rows, model, optimizer, video_processor, position
     # packed-cudnn is the packed mode with cuDNN's SDPA allowed
     attention = attention_backends.for_batches(device, padded=name in ("savvy", "padded", "packed-cudnn"))
     ahead = BatchesAhead(lambda indices: [rows[i] for i in indices], 0, video_processor, device,
-                         None if name == "savvy" else positions, pack=name.startswith("packed"))
+                         None if name == "savvy" else positions, pack=name.startswith("packed"),
+                         decode_processes=None)  # as the train stage: worker processes on a GPU
     loss_of = model_loss if name == "savvy" else supervised_loss
     steps, profile, first_loss = [], None, None
     for number, indices in enumerate(batches_of):

@@ -347,3 +347,14 @@ def test_a_32b_class_checkpoint_probes_in_seconds_from_headers_alone(tmp_path):
     # nothing of the 62 GiB is read (the 1 GiB / 5 s goals are measured in bench/probe.py, not asserted here):
     # 0.8 GiB here alone, 2.3 GiB seen once in a full CI run; reading the tensors would take 62
     assert facts["rss_mib"] < 4096, facts
+
+
+def test_training_refuses_a_probe_that_found_a_checkpoint_that_does_not_fit(tmp_path):
+    from videosft.errors import InputError
+
+    failed = tmp_path / "probe.json"
+    failed.write_text(json.dumps({"ok": False, "key_map": {}}))
+    with pytest.raises(InputError, match=f"{failed} reports a checkpoint that does not fit; rerun the probe"):
+        read_probe(failed)
+    failed.write_text(json.dumps({"ok": True, "key_map": {"a": "b"}}))
+    assert read_probe(failed)["key_map"] == {"a": "b"}

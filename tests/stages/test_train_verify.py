@@ -20,7 +20,8 @@ pytestmark = pytest.mark.slow  # trains on 2 ranks
 @pytest.fixture(scope="module")
 def trained(prepared, demo_config, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("train")
-    profiled = {**demo_config, "train": {**demo_config["train"], "profile_step": 2}}
+    # frames decoded by a worker process, as on a GPU (train.decode_processes): the golden losses hold for both
+    profiled = {**demo_config, "train": {**demo_config["train"], "profile_step": 2, "decode_processes": 1}}
     run_torchrun(["-m", "videosft.stages.train", "--config", stage_json("train", profiled),
                   "--samples", str(prepared / "preprocess" / "manifest.json"),
                   "--probe", str(prepared / "probe" / "probe.json"), "--out", str(out)],
@@ -56,6 +57,8 @@ def test_the_demo_trains_to_its_golden_losses(trained):
     windows = {rank: [json.loads(line)["window_id"] for line in (trained / f"ledger.rank{rank}.jsonl").read_text().splitlines()]
                for rank in losses}
     assert not off_golden(losses), (off_golden(losses), losses, windows)
+    results = json.loads((trained / "run_record.json").read_text())["results"]
+    assert results["decode_processes_per_rank"] == 1  # the frames came from a worker process
     moved = {rank: list(values) for rank, values in losses.items()}
     moved[1][3] += 1e-3  # one step of one rank, one unit in the 3rd printed digit
     assert off_golden(moved) == [(1, 3, round(moved[1][3], 6), GOLDEN_LOSSES[1][3])]

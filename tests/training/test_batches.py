@@ -139,3 +139,18 @@ def test_the_next_item_is_made_on_a_host_thread_in_order_and_its_error_reaches_t
     with pytest.raises(ValueError, match="cannot read bad"):
         next(ahead)
     assert list(one_ahead([], make)) == []
+
+
+@pytest.mark.parametrize("pack", [False, True])
+def test_frames_decoded_by_worker_processes_make_the_same_batch(pack):
+    rows = [sample("a", 5, 0), sample("b", 9, 1), sample("c", 4, 2)]
+    made = {}
+    for processes in (0, 2):
+        batches = BatchesAhead(Store(rows), pad_id=0, video_processor=VIDEO_PROCESSOR, device=torch.device("cpu"),
+                               positions=Recorder(), pack=pack, pixels_on_device=True, decode_processes=processes)
+        batches.announce([0, 1, 2])
+        made[processes] = batches.take([0, 1, 2])
+        assert (batches.workers is None) == (processes == 0)
+        batches.close()
+    assert set(made[2]) == set(made[0])
+    assert all(torch.equal(made[2][key], made[0][key]) for key in made[0])

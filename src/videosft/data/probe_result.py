@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..errors import InputError
 from ..provenance import write_json
 from .records import number, read_json
 
@@ -30,8 +31,11 @@ def recorded(result: dict) -> dict:
 
 
 def read_probe(path: Path) -> dict:
-    """Everything the probe wrote, the key map included."""
-    return read_json(path)
+    """Everything the probe wrote, the key map included; refused where it found a checkpoint that does not fit."""
+    probe = read_json(path)
+    if not probe.get("ok"):
+        raise InputError(f"{path} reports a checkpoint that does not fit; rerun the probe and fix it first")
+    return probe
 
 
 def read_planned_gpu_memory(path: Path) -> float | None:

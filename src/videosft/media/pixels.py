@@ -73,10 +73,16 @@ class EncodedFrames:
     def decode(self):
         """The frames the processor was given: torch uint8, ``(T, 3, H, W)``."""
         import torch
+
+        return torch.from_numpy(self.array())
+
+    def array(self) -> np.ndarray:
+        """The frames as numpy uint8, ``(T, 3, H, W)`` (what a decoding process needs: no torch)."""
         from PIL import Image
 
         array = np.stack([np.asarray(Image.open(io.BytesIO(image)).convert("RGB")) for image in self.images])
-        frames = torch.from_numpy(array).permute(0, 3, 1, 2).contiguous()  # channels first, as the processor got them
+        # channels first, as the processor got them
+        frames = np.ascontiguousarray(array.transpose(0, 3, 1, 2))
         if tuple(frames.shape) != tuple(self.shape):
             raise InputError(f"sample {self.window_id}: its frames decode to {list(frames.shape)}, the store says "
                              f"{list(self.shape)}; the samples file is damaged, preprocess again")

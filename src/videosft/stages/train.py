@@ -28,7 +28,6 @@ from ..data import train_logs
 from ..data.adapter import gathered_lora_state, lora_parameters, save_adapter
 from ..data.probe_result import read_probe
 from ..data.sample_store import SampleIndex, SampleReader, index_samples
-from ..errors import InputError
 from ..kernels import autotune, selection, ulysses
 from ..media.pixels import load_video_processor
 from ..models.checkpoint import build_meta_model, load_checkpoint, pad_token_id
@@ -114,6 +113,7 @@ class Progress:
     """What the steps leave for the results: peaks per step and the LoRA tensors that never moved."""
     peaks: list = dataclasses.field(default_factory=list)
     unchanged: list | None = None
+    decode_processes: int = 0  # per rank; 0: the batch thread decoded the frames
 
 
 def train(cfg: View, samples_path: Path, probe_path: Path, out: Path, record: dict, resume: bool) -> None:
@@ -140,8 +140,6 @@ def prepare(cfg: View, samples_path: Path, probe_path: Path, out: Path) -> Run:
         total = torch.cuda.get_device_properties(device).total_memory
         torch.cuda.set_per_process_memory_fraction(min(1.0, train_cfg.memory_cap_gib * 2**30 / total), device)
     probe = read_probe(probe_path)
-    if not probe.get("ok"):
-        raise InputError(f"{probe_path} reports a checkpoint that does not fit; rerun the probe and fix it first")
     setup.check_train_options(train_cfg)
     index = index_samples(samples_path, "train")  # each rank reads only its own samples' frames, batch by batch
     if not len(index):
@@ -211,7 +209,6 @@ def run_steps(run: Run, built: Built, cursor: Cursor, first_step: int, identity:
     """The training steps: batches read and prepared a step ahead, every sample read written to the ledger,
     every step to the step log, LoRA's movement checked after the second, checkpoints saved."""
     train_cfg, engine, rank, device = run.train_cfg, built.engine, run.rank, run.device
-    watch, progress = LoraWatch(engine.module, fresh=first_step == 0), Progress()
     shown = ProgressLine("train", train_cfg.steps - first_step, "steps")
     logs = train_logs.RankLogs(run.out, rank, first_step)
     profiles = StepProfiles(train_cfg.profile_step, device, run.out, rank)
@@ -220,7 +217,9 @@ def run_steps(run: Run, built: Built, cursor: Cursor, first_step: int, identity:
     reader = SampleReader(run.index)
     batches = BatchesAhead(reader.read, pad_token_id(model_dir), load_video_processor(model_dir), device,
                            host_positions(engine.module), pack=bool(run.pack_tokens),
-                           shard=run.sequence.shard if run.sequence else None)
+                           shard=run.sequence.shard if run.sequence else None,
+                           decode_processes=train_cfg.decode_processes)
+    watch, progress = LoraWatch(engine.module, fresh=first_step == 0), Progress(decode_processes=batches.decode_processes)
     for step in range(first_step, train_cfg.steps):
         reset_peak_memory(device)
         with profiles.step(step) as timed:
@@ -272,7 +271,7 @@ def finish(run: Run, built: Built, progress: Progress, resumed_from_step: int | 
         "samples": len(run.index),
         "ledger": check_ledgers(run.out, run.world, len(run.index), run.plan_for, run.index.window_ids(),
                                 train_cfg.smoke, train_cfg.sequence_parallel),
-        "sequence_parallel": train_cfg.sequence_parallel,
+        "sequence_parallel": train_cfg.sequence_parallel, "decode_processes_per_rank": progress.decode_processes,
         "zero_stage": run.ds_config["zero_optimization"]["stage"], "zero3_leaf_blocks": built.leaf_blocks,
         "memory": memory_comparison(run.probe, planned_batches(run.index, run.pack_tokens and run.plan_for(0)),
                                     run.world, run.ds_config["zero_optimization"], options, all_peaks),

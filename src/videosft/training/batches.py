@@ -16,6 +16,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Callable
 
 from ..encoding.chat import IGNORE_INDEX
+from ..media import frame_workers
+from ..media.frame_workers import FrameWorkers
 from ..media.pixels import EncodedFrames, pixel_values_videos, pixels_of_frames
 
 # A host batch made for a GPU, or shared by a sequence-parallel group, carries each sample's stored frames
@@ -162,12 +164,15 @@ class BatchesAhead:
     makes their pixels on the device, so the processor's float work (about 0.6 s on 16 cores for a
     128-frame sample) no longer runs on the host beside the step (+0.9% tokens/s at 128 frames on one
     H200, bench/RESULTS.md). With ``shard`` (train.sequence_parallel) the frames stay encoded until this
-    rank's part of the batch is cut, so each rank decodes only its own frame pairs' frames.
+    rank's part of the batch is cut, so each rank decodes only its own frame pairs' frames. With
+    ``decode_processes`` the frames are decoded by that many worker processes (None: as many as the
+    cores allow on a GPU, none on CPU; :mod:`videosft.media.frame_workers`): decoding in this thread
+    holds Python's lock part of the time, which the step's launching thread then waits for.
     """
 
     def __init__(self, read: Callable[[list[int]], list[dict]], pad_id: int, video_processor, device, positions=None,
                  pack: bool = False, pixels_on_device: bool | None = None,
-                 shard: Callable[[dict], dict] | None = None):
+                 shard: Callable[[dict], dict] | None = None, decode_processes: int | None = 0):
         self.read, self.pad_id, self.video_processor, self.device, self.positions = \
             read, pad_id, video_processor, device, positions
         self.pack = pack  # each batch is one pack of its rows (collate_pack)
@@ -175,22 +180,27 @@ class BatchesAhead:
         self.pixels_on_device = self.pin if pixels_on_device is None else pixels_on_device
         self.shard = shard  # this rank's part of each batch (train.sequence_parallel), made on the host
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="batches-ahead")
+        self.decode_processes = frame_workers.decode_processes(decode_processes, self.pin)  # None: as the cores allow
+        self.workers = FrameWorkers(self.decode_processes) if self.decode_processes else None
         self.pending: tuple[list[int], Future] | None = None
 
     def _read_and_prepare(self, positions: list[int]) -> dict:
         import torch
 
         # frames stay encoded until this rank's part is known: a rank that shares the sample decodes only its own
-        frames_only = self.pixels_on_device or self.shard is not None
+        frames_only = self.pixels_on_device or self.shard is not None or self.workers is not None
         batch = prepare(self.read(positions), self.pad_id, self.video_processor, self.positions, False, self.pack,
                         frames_only)
         if self.shard:
             batch = self.shard(batch)
         if FRAMES in batch:
-            batch[FRAMES] = [(frames.window_id, frames.decode()) for frames in batch[FRAMES]]
+            batch[FRAMES] = [(frames.window_id, self.decode(frames)) for frames in batch[FRAMES]]
             if not self.pixels_on_device:
                 batch["pixel_values_videos"] = self.pixels(batch.pop(FRAMES), batch["video_grid_thw"])
         return pinned(batch) if self.pin else batch
+
+    def decode(self, frames: EncodedFrames):
+        return frames.decode() if self.workers is None else self.workers.decode(frames, pin=self.pin)
 
     def pixels(self, frames: list, grids, device=None):
         """``pixel_values_videos`` of decoded frames ((window id, frames) per video), made on ``device``."""
@@ -219,6 +229,8 @@ class BatchesAhead:
 
     def close(self) -> None:
         self.pool.shutdown(wait=True, cancel_futures=True)
+        if self.workers is not None:
+            self.workers.close()
 
 
 def one_ahead(items: list, make: Callable):
