@@ -232,6 +232,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kind", default="nvidia-h200", help="the machine kind, for the ledger")
     parser.add_argument("--record", action="store_true", help="append this run to the ledger if it may stand")
     parser.add_argument("--reason", help="what a slower or larger case buys (correctness, memory, ...)")
+    parser.add_argument("--commit", help="the commit this tree is, where it is a copy without git (a GPU machine's)")
     parser.add_argument("--work", type=Path, help="the checkpoint and samples (default OUT/work; reused when there)")
     args = parser.parse_args(argv)
     if args.append:
@@ -252,12 +253,12 @@ def main(argv: list[str] | None = None) -> int:
     old, new = run_pairs(args.cases, args.baseline if accepted else None, args.out, args.work or args.out / "work")
     rows = compare(old if accepted else None, new)
     ok, why = verdict(rows, args.reason)
-    print(f"performance guard, {facts['gpu']} (driver {facts['driver']}), commit {commit()}; baseline: "
+    print(f"performance guard, {facts['gpu']} (driver {facts['driver']}), commit {args.commit or commit()}; baseline: "
           + (f"{accepted['commit']} (accepted {accepted['date']}), run in this call" if accepted
              else "none on this GPU model (this run sets the first bar)") + "\n")
     print(table(rows))
     print(f"\n{'ok' if ok else 'FAILED'}: {why}")
-    entry = {"date": dt.date.today().isoformat(), "commit": commit(), "kind": args.kind, **facts, "cases": new,
+    entry = {"date": dt.date.today().isoformat(), "commit": args.commit or commit(), "kind": args.kind, **facts, "cases": new,
              "baseline": {"commit": accepted["commit"], "cases": old} if accepted else None, "reason": args.reason}
     (args.out / "perf_guard.json").write_text(json.dumps({"entry": entry, "rows": rows, "ok": ok}, indent=1))
     if ok and args.record:
