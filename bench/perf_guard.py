@@ -250,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
                      f"{facts['gpu']}, {accepted['commit']}, in the same call (git archive {accepted['commit']} | "
                      f"tar -x -C DIR; then --baseline DIR)")
     args.out.mkdir(parents=True, exist_ok=True)
-    old, new = run_pairs(args.cases, args.baseline if accepted else None, args.out, args.work or args.out / "work")
+    old, new = run_pairs(args.cases, args.baseline.resolve() if accepted else None, args.out, args.work or args.out / "work")
     rows = compare(old if accepted else None, new)
     ok, why = verdict(rows, args.reason)
     print(f"performance guard, {facts['gpu']} (driver {facts['driver']}), commit {args.commit or commit()}; baseline: "
