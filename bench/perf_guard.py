@@ -23,7 +23,10 @@ tokens/s at 128 frames on four H200s, bench/RESULTS.md), so the new figures are 
 tree's, run by its own benchmark scripts in the same call on the same machine, never to figures of
 another call: a case fails when its tokens/s is more than ``SPEED_DROP`` (3%) under the baseline's or
 its peak reserved memory more than ``MEMORY_RISE`` (2%) over it, unless ``--reason`` says what the
-change bought; then ``--record`` writes the reason into the ledger beside the figures. The baseline
+change bought; then ``--record`` writes the reason into the ledger beside the figures. One machine
+also drifts between runs minutes apart (4488029 ran at 12,829 and then 11,906 tokens/s at 128 frames
+on one H200): ``--repeats N`` runs each case's pair N times in turn and compares the median tokens/s
+(and the largest memory peaks), keeping every run's figure in the ledger. The baseline
 is the last accepted commit on this GPU model (``--last-accepted`` names it); the ledger,
 ``bench/perf_ledger.jsonl``, holds one line per accepted run: date, commit, machine kind, GPU and
 driver, package versions, the cases' figures and the baseline's from the same call, and the reason
@@ -73,6 +76,8 @@ def compare(baseline: dict | None, new: dict) -> list[dict]:
     for case, figures in new.items():
         before = (baseline or {}).get(case, {})
         for figure, value in figures.items():
+            if not isinstance(value, (int, float)):  # e.g. each repeat's tokens/s, kept in the ledger
+                continue
             previous = before.get(figure)
             change = None if previous in (None, 0) or value is None else value / previous - 1
             fails = change is not None and ((figure == "tokens_per_second" and change < -SPEED_DROP)
@@ -204,18 +209,39 @@ def run_case(case: str, tree: Path, out: Path, work: Path) -> dict:
     return train_stage_case(tree, out / case, work, [], 12.0)
 
 
-def run_pairs(cases: list[str], baseline: Path | None, out: Path, work: Path) -> tuple[dict, dict]:
-    """Each case on the baseline tree, then on this one (one checkpoint for both); the figures of each."""
+def repeated(runs: list[dict]) -> dict:
+    """One case's figures over repeated runs: the median speed and step time, the largest memory peaks, the
+    first run's loss (the same in every run), and every run's tokens/s."""
+    figures = dict(runs[0])
+    figures["tokens_per_second"] = statistics.median(run["tokens_per_second"] for run in runs)
+    figures["step_seconds"] = statistics.median(run["step_seconds"] for run in runs)
+    for peak in ("peak_allocated_gib", "peak_reserved_gib"):
+        figures[peak] = max(run[peak] for run in runs)
+    if len(runs) > 1:
+        figures["tokens_per_second_runs"] = [run["tokens_per_second"] for run in runs]
+    return figures
+
+
+def run_pairs(cases: list[str], baseline: Path | None, out: Path, work: Path, repeats: int = 1) -> tuple[dict, dict]:
+    """Each case on the baseline tree, then on this one (one checkpoint for both), ``repeats`` times in turn
+    (a machine drifts between runs minutes apart); the figures of each over its runs."""
     old, new = {}, {}
     for case in cases:
-        if baseline is not None:
-            old[case] = run_case(case, baseline, out / "baseline", work / "baseline")
-            shared = work / "this" / "model"
-            if not shared.exists() and (work / "baseline" / "model").is_dir():
-                shared.parent.mkdir(parents=True, exist_ok=True)
-                shared.symlink_to((work / "baseline" / "model").resolve())
-        new[case] = run_case(case, ROOT, out / "this", work / "this")
-        print(json.dumps({case: {"baseline": old.get(case), "this": new[case]}}), flush=True)  # a stopped run keeps these
+        runs_old, runs_new = [], []
+        for repeat in range(repeats):
+            where = f"repeat{repeat}" if repeats > 1 else "."
+            if baseline is not None:
+                runs_old.append(run_case(case, baseline, out / "baseline" / where, work / "baseline"))
+                shared = work / "this" / "model"
+                if not shared.exists() and (work / "baseline" / "model").is_dir():
+                    shared.parent.mkdir(parents=True, exist_ok=True)
+                    shared.symlink_to((work / "baseline" / "model").resolve())
+            runs_new.append(run_case(case, ROOT, out / "this" / where, work / "this"))
+            print(json.dumps({case: {"repeat": repeat, "baseline": runs_old[-1] if runs_old else None,
+                                     "this": runs_new[-1]}}), flush=True)  # a stopped run keeps these
+        if runs_old:
+            old[case] = repeated(runs_old)
+        new[case] = repeated(runs_new)
     return old, new
 
 
@@ -232,6 +258,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kind", default="nvidia-h200", help="the machine kind, for the ledger")
     parser.add_argument("--record", action="store_true", help="append this run to the ledger if it may stand")
     parser.add_argument("--reason", help="what a slower or larger case buys (correctness, memory, ...)")
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="run each case's pair this many times in turn and compare medians (the same tree moved "
+                        "7%% between two runs minutes apart on one H200)")
     parser.add_argument("--commit", help="the commit this tree is, where it is a copy without git (a GPU machine's)")
     parser.add_argument("--work", type=Path, help="the checkpoint and samples (default OUT/work; reused when there)")
     args = parser.parse_args(argv)
@@ -250,7 +279,8 @@ def main(argv: list[str] | None = None) -> int:
                      f"{facts['gpu']}, {accepted['commit']}, in the same call (git archive {accepted['commit']} | "
                      f"tar -x -C DIR; then --baseline DIR)")
     args.out.mkdir(parents=True, exist_ok=True)
-    old, new = run_pairs(args.cases, args.baseline.resolve() if accepted else None, args.out, args.work or args.out / "work")
+    old, new = run_pairs(args.cases, args.baseline.resolve() if accepted else None, args.out,
+                         args.work or args.out / "work", args.repeats)
     rows = compare(old if accepted else None, new)
     ok, why = verdict(rows, args.reason)
     print(f"performance guard, {facts['gpu']} (driver {facts['driver']}), commit {args.commit or commit()}; baseline: "
