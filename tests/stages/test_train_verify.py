@@ -10,19 +10,22 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import check_host_positions, run_torchrun, stage_json
+from conftest import PROJECT, check_host_positions, run_torchrun, stage_json
 from videosft.data import train_logs
 from videosft.data.sample_store import read_samples
 
 pytestmark = pytest.mark.slow  # trains on 2 ranks
 
 
+def trained_config(demo_config: dict, **train) -> dict:
+    # frames decoded by a worker process, as on a GPU (train.decode_processes): the golden losses hold for both
+    return {**demo_config, "train": {**demo_config["train"], "profile_step": 2, "decode_processes": 1, **train}}
+
+
 @pytest.fixture(scope="module")
 def trained(prepared, demo_config, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("train")
-    # frames decoded by a worker process, as on a GPU (train.decode_processes): the golden losses hold for both
-    profiled = {**demo_config, "train": {**demo_config["train"], "profile_step": 2, "decode_processes": 1}}
-    run_torchrun(["-m", "videosft.stages.train", "--config", stage_json("train", profiled),
+    run_torchrun(["-m", "videosft.stages.train", "--config", stage_json("train", trained_config(demo_config)),
                   "--samples", str(prepared / "preprocess" / "manifest.json"),
                   "--probe", str(prepared / "probe" / "probe.json"), "--out", str(out)],
                  env={"TORCH_EXTENSIONS_DIR": str(out / "torch_extensions")})
@@ -154,6 +157,27 @@ def test_each_rank_writes_its_steps_for_tensorboard(trained):
                          ("peak_rss_gib", "memory/peak_rss_gib")):
             assert [step for step, _ in scalars[tag]] == [s["step"] for s in steps]
             assert [value for _, value in scalars[tag]] == pytest.approx([s[key] for s in steps], rel=1e-6)  # float32
+
+
+def test_the_offload_profile_trains_the_same_adapter(trained, prepared, demo_config, tmp_path):
+    """zero3_offload.json (weights' partition in host memory) with offloaded checkpoint inputs gives
+    the adapter the default profile gives (the golden run's), bit for bit; the plan counts neither on
+    the device."""
+    cfg = trained_config(demo_config, deepspeed_config=str(PROJECT / "workflow" / "deepspeed" / "zero3_offload.json"),
+                         offload_activations=True)
+    out = tmp_path / "offload"
+    run_torchrun(["-m", "videosft.stages.train", "--config", stage_json("train", cfg), "--samples",
+                  str(prepared / "preprocess" / "manifest.json"), "--probe", str(prepared / "probe" / "probe.json"),
+                  "--out", str(out)])
+    assert (out / "adapter" / "adapter_model.safetensors").exists()
+    default, offloaded = (load_file(run / "adapter" / "adapter_model.safetensors") for run in (trained, out))
+    assert default.keys() == offloaded.keys() and default
+    for key, tensor in default.items():
+        assert torch.equal(tensor, offloaded[key]), key
+    plans = {name: json.loads((run / "run_record.json").read_text())["results"]["memory"]["predicted"]["components_gib"]
+             for name, run in (("default", trained), ("offload", out))}
+    assert plans["offload"]["weights_partitioned"] == 0 < plans["default"]["weights_partitioned"]
+    assert plans["offload"]["activations_checkpointed_layers"] < plans["default"]["activations_checkpointed_layers"]
 
 
 def test_a_rank_without_a_batch_fails_at_once_naming_it(prepared, demo_config, tmp_path):
