@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import os
+from concurrent.futures import wait
 
 from .pixels import EncodedFrames
 
@@ -58,11 +59,10 @@ class FrameWorkers:
         size = math.prod(frames.shape)
         block = SharedMemory(create=True, size=max(1, size))
         try:
-            part = -(-len(frames) // self.processes)
+            part = max(1, -(-len(frames) // self.processes))
             futures = [self.pool.submit(decode_into, block.name, frames.shape, start, frames[start:start + part])
                        for start in range(0, len(frames), part)]
-            for future in futures:  # every part finished (or failed) before the block goes away
-                future.exception()
+            wait(futures)  # every part finished (or failed) before the block goes away
             for future in futures:
                 future.result()
             shared = torch.frombuffer(block.buf, dtype=torch.uint8, count=size).view(frames.shape)
