@@ -16,8 +16,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Callable
 
 from ..encoding.chat import IGNORE_INDEX
-from ..media import frame_workers
-from ..media.frame_workers import FrameWorkers
+from ..media.frame_workers import FrameWorkers, decode_processes as processes_for
 from ..media.pixels import EncodedFrames, pixel_values_videos, pixels_of_frames
 
 # A host batch made for a GPU, or shared by a sequence-parallel group, carries each sample's stored frames
@@ -180,7 +179,7 @@ class BatchesAhead:
         self.pixels_on_device = self.pin if pixels_on_device is None else pixels_on_device
         self.shard = shard  # this rank's part of each batch (train.sequence_parallel), made on the host
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="batches-ahead")
-        self.decode_processes = frame_workers.decode_processes(decode_processes, self.pin)  # None: as the cores allow
+        self.decode_processes = processes_for(decode_processes, self.pin)  # None: as the cores allow
         self.workers = FrameWorkers(self.decode_processes) if self.decode_processes else None
         self.pending: tuple[list[int], Future] | None = None
 
