@@ -63,7 +63,7 @@ def write_mp4(path: Path, frames: np.ndarray, fps: int) -> None:
         # x264's AVX-512 code (chosen on CPUs that have it) encodes the same frames to other pixels
         # from run to run when the machine is loaded: the demo's data, and so what the learning
         # test's fine-tune scores, changed between runs of one commit. Its plain C code repeats
-        # itself everywhere; superfast keeps that as fast as veryfast with the assembly.
+        # itself on every CPU, for about 0.1 s more per demo video (bench/RESULTS.md).
         stream.options = {"crf": "18", "preset": "veryfast", "x264-params": "asm=0"}
         for array in frames:
             for packet in stream.encode(av.VideoFrame.from_ndarray(array, format="rgb24")):
