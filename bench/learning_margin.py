@@ -1,7 +1,7 @@
 """How far the learning config's fine-tune clears the test's bar, over seeds and step counts.
 
-tests/workflow/test_learning.py requires the fine-tune's val mIoU to beat the best constant answer
-by a margin, R1@0.5 >= 0.5, well-formed answers >= 80% and "none" on empty windows as often as the
+tests/workflow/test_learning.py requires the fine-tune to beat the best constant answer window by
+window (verify's ``gain_over_best_constant``: a mean of at least 0.1 and of 3 standard errors), R1@0.5 >= 0.5, well-formed answers >= 80% and "none" on empty windows as often as the
 constants. One run says little about how close to that bar a step count sits; this runs the
 learning config (workflow/configs/learning.yaml) for several seeds (each a new replicate: other
 videos, other model initialisation, other split, other data order) and for several train step
@@ -32,7 +32,7 @@ from _shared import PROJECT, command_line, machine  # noqa: E402
 
 from videosft import config as config_lib  # noqa: E402
 
-MARGIN = 0.2  # tests/workflow/test_learning.py
+GAIN, Z = 0.1, 3.0  # tests/workflow/test_learning.py
 
 
 def stage(command: list[str], log: Path, env: dict) -> float:
@@ -107,6 +107,7 @@ def train_and_verify(seed: int, steps: int, work: Path, prepared: dict, env: dic
     return {"seed": seed, "pretrain_steps": prepared["pretrain_steps"], "pretrain_lr": prepared["pretrain_lr"],
             "steps": steps, "windows": evaluation["windows"], "base_mIoU": evaluation["base"]["mIoU"],
             "mIoU": tuned["mIoU"], "best_constant_mIoU": best, "margin": tuned["mIoU"] - best,
+            "gain_standard_error": evaluation["gain_over_best_constant"]["standard_error"],
             "R1@0.5": tuned["R1@0.5"], "well_formed": tuned["well_formed_rate"],
             "empty_accuracy": tuned["empty_accuracy"],
             "whole_window_empty_accuracy": constants["whole_window"]["empty_accuracy"],
@@ -116,7 +117,7 @@ def train_and_verify(seed: int, steps: int, work: Path, prepared: dict, env: dic
 
 def passes(row: dict) -> bool:
     """The test's assertions on the fine-tune (its base check: base mIoU <= 0.05 is printed, not part of this)."""
-    return (row["margin"] >= MARGIN and row["R1@0.5"] >= 0.5 and row["well_formed"] >= 0.8
+    return (row["margin"] >= max(GAIN, Z * row["gain_standard_error"]) and row["R1@0.5"] >= 0.5 and row["well_formed"] >= 0.8
             and row["empty_accuracy"] >= row["whole_window_empty_accuracy"] and row["held_out_exact_match"] >= 0.5)
 
 
@@ -143,12 +144,14 @@ def pipeline(seed: int, pretrain: tuple, steps: list[int], work: Path) -> list[d
 
 def table(rows: list[dict]) -> str:
     lines = ["| seed | pretraining steps | pretraining lr | held-out exact | steps | val windows | base mIoU | "
-             "fine-tuned mIoU | best constant | margin | R1@0.5 | well-formed | passes | train s |", "|" + " --- |" * 14]
+             "fine-tuned mIoU | best constant | margin (standard errors) | R1@0.5 | well-formed | passes | train s |",
+             "|" + " --- |" * 14]
     for row in sorted(rows, key=lambda r: (r["pretrain_steps"], r["steps"], r["seed"])):
         lines.append(f"| {row['seed']} | {row['pretrain_steps']} | {row['pretrain_lr']} | {row['held_out_exact_match']:.3f} | "
                      f"{row['steps']} | "
                      f"{row['windows']} | {row['base_mIoU']:.3f} | {row['mIoU']:.3f} | "
-                     f"{row['best_constant_mIoU']:.3f} | {row['margin']:+.3f} | {row['R1@0.5']:.3f} | "
+                     f"{row['best_constant_mIoU']:.3f} | {row['margin']:+.3f} ({row['margin'] / row['gain_standard_error']:.1f}) | "
+                     f"{row['R1@0.5']:.3f} | "
                      f"{row['well_formed']:.3f} | {'yes' if passes(row) else 'NO'} | {row['train_s']:.0f} |")
     return "\n".join(lines)
 
@@ -184,7 +187,7 @@ def main() -> int:
                        if row["steps"] == count and (row["pretrain_steps"], row["pretrain_lr"]) == pretrain]
             print(f"pretraining {pretrain[0]} steps at lr {pretrain[1]}, {count} steps: margin over the best constant "
                   f"min {min(margins):+.3f}, mean {sum(margins) / len(margins):+.3f} over {len(margins)} seeds "
-                  f"(the test asks {MARGIN:+.2f})")
+                  f"(the test asks at least {GAIN:+.2f} and {Z:.0f} standard errors of it)")
     return 0
 
 

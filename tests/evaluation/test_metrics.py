@@ -325,6 +325,31 @@ def test_constant_baselines_are_what_ignoring_the_video_scores():
     assert best["mIoU"] >= baselines["whole_window"]["mIoU"] and best["false_keep_rate"] == 1.0
 
 
+def test_the_gain_over_the_best_constant_is_per_window_with_its_standard_error():
+    from videosft.evaluation.answers import constant_baselines, gain_over_best_constant, score, table
+
+    rows = [{"keep_local": [[2.0, 6.0]], "window_start": 0.0, "window_end": 8.0},
+            {"keep_local": [[3.0, 5.0]], "window_start": 8.0, "window_end": 16.0},
+            {"keep_local": [[3.0, 5.0]], "window_start": 24.0, "window_end": 32.0},
+            {"keep_local": [], "window_start": 16.0, "window_end": 24.0}]
+    baselines = constant_baselines(rows)  # the best: "3.0-5.0", IoU 0.5, 1, 1 on the windows with a moment
+    answers = [{"predicted": [(2.0, 6.0)], "target": [(2.0, 6.0)], "window": (0.0, 8.0)},     # IoU 1
+               {"predicted": None, "target": [(3.0, 5.0)], "window": (8.0, 16.0)},          # unparseable: 0
+               {"predicted": [(3.0, 4.0)], "target": [(3.0, 5.0)], "window": (24.0, 32.0)},  # IoU 0.5
+               {"predicted": [], "target": [], "window": (16.0, 24.0)}]                      # no moment: left out
+    answers = [{**answer, "lenient": answer["predicted"], "degenerate": False} for answer in answers]
+    gain = gain_over_best_constant(answers, baselines)
+    gains = [1 - 0.5, 0 - 1, 0.5 - 1]
+    mean = sum(gains) / 3
+    error = (sum((g - mean) ** 2 for g in gains) / 2) ** 0.5 / 3 ** 0.5
+    assert gain == {"constant": "best_constant_range", "mean": pytest.approx(mean),
+                    "standard_error": pytest.approx(error), "windows": 3}
+    assert gain["mean"] == pytest.approx(score(answers)["mIoU"] - baselines["best_constant_range"]["mIoU"])
+    assert f"(3): {mean:+.3f} +- {error:.3f} standard error" in table(
+        {"base": score(answers), "fine_tuned": score(answers), "baselines": baselines, "gain_over_best_constant": gain})
+    assert gain_over_best_constant([answers[-1]], baselines) is None  # nothing to keep anywhere
+
+
 def test_the_verify_table_keeps_its_column_names_apart():
     from videosft.evaluation.answers import table
 

@@ -11,16 +11,12 @@ from __future__ import annotations
 import json
 import math
 import re
-import statistics
 from collections import Counter
 from pathlib import Path
 
 import pytest
 
 from conftest import copy_checkout, snakemake
-from videosft.data.windows import read_windows
-from videosft.encoding.chat import parse_answer
-from videosft.evaluation.metrics import r1_iou
 
 pytestmark = pytest.mark.slow
 # The fine-tune must beat the best constant answer (what ignoring the video scores) on the same windows
@@ -74,12 +70,11 @@ def test_the_fine_tune_learns_to_ground_windows_of_videos_it_never_saw(workdir):
     summary = json.dumps({"base": base, "fine_tuned": tuned, "baselines": constants}, indent=1)
     # the pretrained base answers with marker times, never ranges, read strictly or leniently
     assert base["mIoU"] <= 0.05 and base["lenient_mIoU"] <= 0.05, summary
-    gains = gains_over_best_constant(evaluation, workdir / "results/window/windows.parquet")
-    best_constant = max(metrics["mIoU"] for metrics in constants.values())
-    assert math.isclose(statistics.mean(gains), tuned["mIoU"] - best_constant, abs_tol=1e-9)  # verify's scores
-    standard_error = statistics.stdev(gains) / math.sqrt(len(gains))
-    assert statistics.mean(gains) >= max(GAIN, Z * standard_error), \
-        f"gain {statistics.mean(gains):.3f}, standard error {standard_error:.3f}\n{summary}"
+    gain, best_constant = evaluation["gain_over_best_constant"], max(m["mIoU"] for m in constants.values())
+    assert gain["windows"] == tuned["moment_windows"] and constants[gain["constant"]]["mIoU"] == best_constant
+    assert math.isclose(gain["mean"], tuned["mIoU"] - best_constant, abs_tol=1e-9)  # the mean of per-window gains
+    assert gain["mean"] >= max(GAIN, Z * gain["standard_error"]), \
+        f"gain {gain['mean']:.3f}, standard error {gain['standard_error']:.3f}\n{summary}"
     assert tuned["R1@0.5"] >= 0.5 and tuned["well_formed_rate"] >= 0.8, summary
     assert tuned["empty_accuracy"] >= constants["whole_window"]["empty_accuracy"], summary  # answers "none" too
 
@@ -91,20 +86,3 @@ def test_the_fine_tune_learns_to_ground_windows_of_videos_it_never_saw(workdir):
     video = lambda window_id: window_id.split("#")[0]  # noqa: E731
     assert trained and evaluated and not {video(w) for w in trained} & {video(w) for w in evaluated}
 
-
-def gains_over_best_constant(evaluation: dict, windows_file: Path) -> list[float]:
-    """Per window with a moment: the fine-tune's IoU (verify's strict reading of its answer) minus the IoU
-    of the constant answer with the best mIoU."""
-    constants = evaluation["baselines"]
-    best = max(constants, key=lambda name: constants[name]["mIoU"])
-    length = {row["window_id"]: row["window_end"] - row["window_start"] for row in read_windows(windows_file)}
-    constant = {"none": lambda window_id: None, "whole_window": lambda window_id: (0.0, length[window_id]),
-                "best_constant_range": lambda window_id: tuple(constants["best_constant_range"]["range"])}[best]
-    gains = []
-    for answer in evaluation["answers"]:
-        target = [tuple(r) for r in answer["target"]]
-        if not target:
-            continue
-        tuned, fixed = parse_answer(answer["fine_tuned"]), constant(answer["window_id"])
-        gains.append((r1_iou(tuned[0], target) if tuned else 0.0) - (r1_iou(fixed, target) if fixed else 0.0))
-    return gains

@@ -5,7 +5,8 @@ files), ``tensors`` (each adapter tensor against the loaded model), ``forward`` 
 unmerged logits), ``load_seconds`` (the base model and the adapter, without DeepSpeed),
 ``gpu_peak_gib``, ``ok``, ``problems`` and ``evaluation``
 (:func:`videosft.evaluation.answers.evaluate`: how many ``windows``, the ``base`` and ``fine_tuned``
-scores per metric, the constant answers' ``baselines`` and the ``answers`` per window).
+scores per metric, the constant answers' ``baselines``, the fine-tune's per-window
+``gain_over_best_constant`` with its standard error, and the ``answers`` per window).
 """
 
 from __future__ import annotations

@@ -7,11 +7,14 @@ repeated, or no end token within the budget) is counted as such too. Every metri
 given for a lenient reading (:func:`videosft.encoding.chat.parse_answer_lenient`, prefixed ``lenient_``),
 so that a model answering in prose is not scored zero for its wording, and beside the answers
 of the models stand constant answers (:func:`constant_baselines`): what a model that ignores the
-video scores on the same windows.
+video scores on the same windows. :func:`gain_over_best_constant` says by how much, window by window,
+the fine-tune beats the best of them, and how sure that is.
 """
 
 from __future__ import annotations
 
+import math
+import statistics
 from collections.abc import Iterable, Sequence
 
 from ..encoding.chat import parse_answer, parse_answer_lenient
@@ -86,6 +89,31 @@ def constant_baselines(rows: Iterable[dict]) -> dict:
             "best_constant_range": {"range": list(best_range), **scored([[best_range]] * len(facts))}}
 
 
+def gain_over_best_constant(answers: list[dict], baselines: dict) -> dict | None:
+    """The fine-tune's IoU minus the best constant's (by mIoU) on the same window, over the windows with
+    something to keep: the mean (which equals the difference of their mIoUs), its standard error (the
+    gains' sample standard deviation over the square root of their count; None for one window) and the
+    count. A mean several standard errors above zero is a gain that ignoring the video does not explain.
+    None when no window has something to keep."""
+    scored = {name: metrics for name, metrics in baselines.items() if metrics.get("mIoU") is not None}
+    moments = [answer for answer in answers if answer["target"]]
+    if not moments or not scored:
+        return None
+    best = max(scored, key=lambda name: scored[name]["mIoU"])
+
+    def constant(answer):
+        start, end = answer["window"]
+        return {"none": None, "whole_window": (0.0, end - start),
+                "best_constant_range": tuple(baselines["best_constant_range"]["range"])}[best]
+
+    gains = []
+    for answer in moments:
+        predicted, fixed, target = answer["predicted"], constant(answer), answer["target"]
+        gains.append((r1_iou(predicted[0], target) if predicted else 0.0) - (r1_iou(fixed, target) if fixed else 0.0))
+    error = statistics.stdev(gains) / math.sqrt(len(gains)) if len(gains) > 1 else None
+    return {"constant": best, "mean": statistics.fmean(gains), "standard_error": error, "windows": len(gains)}
+
+
 def evaluate(model, rows: Sequence[dict], tokenizer, video_processor, max_new_tokens: int,
              think_block: str = "prompt") -> dict:
     """Base (adapter disabled) and fine-tuned answers on the same windows, scored alike, beside the
@@ -93,10 +121,11 @@ def evaluate(model, rows: Sequence[dict], tokenizer, video_processor, max_new_to
     with model.disable_adapter():
         base = window_answers(model, rows, tokenizer, video_processor, max_new_tokens, think_block)
     tuned = window_answers(model, rows, tokenizer, video_processor, max_new_tokens, think_block)
-    return {"windows": len(rows), "base": score(base), "fine_tuned": score(tuned),
-            # from what the first pass read: another pass would read every window's frames again
-            "baselines": constant_baselines([{"keep_local": answer["target"], "window_start": answer["window"][0],
-                                              "window_end": answer["window"][1]} for answer in base]),
+    # from what the first pass read: another pass would read every window's frames again
+    baselines = constant_baselines([{"keep_local": answer["target"], "window_start": answer["window"][0],
+                                     "window_end": answer["window"][1]} for answer in base])
+    return {"windows": len(rows), "base": score(base), "fine_tuned": score(tuned), "baselines": baselines,
+            "gain_over_best_constant": gain_over_best_constant(tuned, baselines),
             "answers": [{"window_id": b["window_id"], "target": b["target"], "base": b["text"], "fine_tuned": t["text"]}
                         for b, t in zip(base, tuned)]}
 
@@ -123,4 +152,10 @@ def table(result: dict) -> str:
     if "best_constant_range" in baselines:
         start, end = baselines["best_constant_range"]["range"]
         lines.append(f"(const best_constant_range answers {start:.1f}-{end:.1f} everywhere)")
+    if gain := result.get("gain_over_best_constant"):
+        line = (f"fine-tuned IoU minus const {gain['constant']}'s, per window with something to keep "
+                f"({gain['windows']}): {gain['mean']:+.3f}")
+        if error := gain["standard_error"]:
+            line += f" +- {error:.3f} standard error ({gain['mean'] / error:.1f} of them)"
+        lines.append(line)
     return "\n".join(lines)
