@@ -84,6 +84,7 @@ def write_verify(path: Path, evaluation: bool = True) -> Path:
             "windows": 4, "base": BASE, "fine_tuned": TUNED,
             "answers": [{"window_id": "video_001.mp4#0000/x", "target": [[2.0, 8.0]], "base": "\n\n<x>",
                          "fine_tuned": "2.0-8.0"}],
+            "gain_over_best_constant": {"constant": "whole_window", "mean": 0.25, "standard_error": 0.05, "windows": 3},
         }
     path.write_text(json.dumps(result))
     return path
@@ -266,6 +267,8 @@ def test_the_evaluation_table_holds_base_and_fine_tuned_values(inputs, tmp_path)
     assert "Evaluation in source time" in page and "<td>keep_recall</td><td class='n'>0.6000</td>" in page
     assert "seconds kept that should be kept / seconds that should be kept" in page
     assert "2.0-8.0" in page and "\\n\\n&lt;x&gt;" in page  # answers, escaped, control characters shown
+    assert "best constant answer (whole_window, the same answer on every window), per window with something to " \
+           "keep (3): mean +0.2500, standard error 0.0500 (5.0 of them" in page
 
 
 def test_the_report_stage_runs_as_a_module():

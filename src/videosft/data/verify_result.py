@@ -28,6 +28,7 @@ class WindowEvaluation:
     windows: int | None
     metrics: list[tuple[str, float | None, float | None]]  # (metric, base, fine-tuned) with a value; no counts
     answers: list[dict]  # window_id, target (ranges to keep), and the base and fine_tuned answers' text
+    gain: dict | None = None  # gain_over_best_constant: constant, mean, standard_error, windows
 
 
 @dataclass(frozen=True)
@@ -52,4 +53,4 @@ def window_evaluation(evaluation: dict) -> WindowEvaluation:
     metrics = [(name, number(base.get(name)), number(tuned.get(name))) for name in names]
     return WindowEvaluation(windows=evaluation.get("windows", base.get("num_samples")),
                             metrics=[row for row in metrics if row[1] is not None or row[2] is not None],
-                            answers=evaluation.get("answers") or [])
+                            answers=evaluation.get("answers") or [], gain=evaluation.get("gain_over_best_constant"))

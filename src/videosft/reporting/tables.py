@@ -59,6 +59,12 @@ def window_table(window: WindowEvaluation | None, reason: str | None) -> list[st
         return parts + [f"<p>No evaluation to show: {html.escape(reason or 'the verify stage recorded no metrics')}</p>"]
     parts.append(f"<p>{html.escape(str(window.windows))} validation windows, greedy decoding, window-local time "
                  "(from the verify stage).</p>")
+    if gain := window.gain:
+        error = gain.get("standard_error")
+        parts.append(f"<p>Fine-tuned IoU minus that of the best constant answer ({html.escape(str(gain['constant']))}, "
+                     f"the same answer on every window), per window with something to keep ({gain['windows']}): "
+                     f"mean {gain['mean']:+.4f}" + (f", standard error {error:.4f} ({gain['mean'] / error:.1f} of them; "
+                     "three or more: a gain that chance on these windows does not explain)" if error else "") + ".</p>")
     parts.append("<table><tr><th>metric</th><th>base</th><th>fine-tuned</th><th>difference</th>"
                  "<th>definition</th></tr>")
     for name, base, tuned in window.metrics:
