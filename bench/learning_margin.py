@@ -1,11 +1,12 @@
 """How far the learning config's fine-tune clears the test's bar, over seeds and step counts.
 
 tests/workflow/test_learning.py requires the fine-tune to beat the best constant answer window by
-window (verify's ``gain_over_best_constant``: a mean of at least 0.1 and of 3 standard errors), R1@0.5 >= 0.5, well-formed answers >= 80% and "none" on empty windows as often as the
-constants. One run says little about how close to that bar a step count sits; this runs the
-learning config (workflow/configs/learning.yaml) for several seeds (each a new replicate: other
-videos, other model initialisation, other split, other data order) and for several train step
-counts on the same prepared data, and prints each run's figures against the bar:
+window (verify's ``gain_over_best_constant``: a mean of at least 0.1 and of 3 standard errors),
+R1@0.5 >= 0.5, well-formed answers >= 80% and "none" on empty windows as often as the constants.
+One run says little about how close to that bar a step count sits; this runs the learning config
+(workflow/configs/learning.yaml) for several seeds (each a new replicate: other videos, other model
+initialisation, other split, other data order) and for several train step counts on the same
+prepared data, and prints each run's figures against the bar:
 
     python bench/learning_margin.py --seeds 0 1 2 3 --steps 100 150 200 --jobs 4 --work /tmp/margin
 
@@ -117,8 +118,9 @@ def train_and_verify(seed: int, steps: int, work: Path, prepared: dict, env: dic
 
 def passes(row: dict) -> bool:
     """The test's assertions on the fine-tune (its base check: base mIoU <= 0.05 is printed, not part of this)."""
-    return (row["margin"] >= max(GAIN, Z * row["gain_standard_error"]) and row["R1@0.5"] >= 0.5 and row["well_formed"] >= 0.8
-            and row["empty_accuracy"] >= row["whole_window_empty_accuracy"] and row["held_out_exact_match"] >= 0.5)
+    return (row["margin"] >= max(GAIN, Z * row["gain_standard_error"]) and row["R1@0.5"] >= 0.5
+            and row["well_formed"] >= 0.8 and row["empty_accuracy"] >= row["whole_window_empty_accuracy"]
+            and row["held_out_exact_match"] >= 0.5)
 
 
 def run_seed(seed: int, pretrain: tuple, steps: list[int], work: Path) -> list[dict]:
@@ -150,7 +152,8 @@ def table(rows: list[dict]) -> str:
         lines.append(f"| {row['seed']} | {row['pretrain_steps']} | {row['pretrain_lr']} | {row['held_out_exact_match']:.3f} | "
                      f"{row['steps']} | "
                      f"{row['windows']} | {row['base_mIoU']:.3f} | {row['mIoU']:.3f} | "
-                     f"{row['best_constant_mIoU']:.3f} | {row['margin']:+.3f} ({row['margin'] / row['gain_standard_error']:.1f}) | "
+                     f"{row['best_constant_mIoU']:.3f} | "
+                     f"{row['margin']:+.3f} ({row['margin'] / row['gain_standard_error']:.1f}) | "
                      f"{row['R1@0.5']:.3f} | "
                      f"{row['well_formed']:.3f} | {'yes' if passes(row) else 'NO'} | {row['train_s']:.0f} |")
     return "\n".join(lines)

@@ -71,6 +71,11 @@ def definition(metric: str) -> str:
 STEP = 0.1  # the answer format's resolution: constant ranges are searched on it
 
 
+def constant_answer(name: str, length: float, best_range: tuple[float, float]) -> list[tuple[float, float]]:
+    """The ranges constant ``name`` answers on a window ``length`` seconds long."""
+    return {"none": [], "whole_window": [(0.0, length)], "best_constant_range": [best_range]}[name]
+
+
 def constant_baselines(rows: Iterable[dict]) -> dict:
     """What answering every window alike scores: "none", the whole window, and the single range
     (on the answer format's 0.1 s grid, within the shortest window) with the best mIoU."""
@@ -85,8 +90,9 @@ def constant_baselines(rows: Iterable[dict]) -> dict:
     grid = [round(k * STEP, 1) for k in range(int(min(lengths) / STEP + 1e-9) + 1)]
     candidates = [(start, end) for start in grid for end in grid if end > start]
     best_range = max(candidates, key=lambda candidate: sum(r1_iou(candidate, target) for target in moments))
-    return {"none": scored([[]] * len(facts)), "whole_window": scored([[(0.0, length)] for length in lengths]),
-            "best_constant_range": {"range": list(best_range), **scored([[best_range]] * len(facts))}}
+    scores = {name: scored([constant_answer(name, length, best_range) for length in lengths])
+              for name in ("none", "whole_window", "best_constant_range")}
+    return {**scores, "best_constant_range": {"range": list(best_range), **scores["best_constant_range"]}}
 
 
 def gain_over_best_constant(answers: list[dict], baselines: dict) -> dict | None:
@@ -100,16 +106,14 @@ def gain_over_best_constant(answers: list[dict], baselines: dict) -> dict | None
     if not moments or not scored:
         return None
     best = max(scored, key=lambda name: scored[name]["mIoU"])
+    best_range = tuple(baselines["best_constant_range"]["range"])
 
-    def constant(answer):
-        start, end = answer["window"]
-        return {"none": None, "whole_window": (0.0, end - start),
-                "best_constant_range": tuple(baselines["best_constant_range"]["range"])}[best]
+    def iou(ranges, target):  # R1: the first range answered
+        return r1_iou(ranges[0], target) if ranges else 0.0
 
-    gains = []
-    for answer in moments:
-        predicted, fixed, target = answer["predicted"], constant(answer), answer["target"]
-        gains.append((r1_iou(predicted[0], target) if predicted else 0.0) - (r1_iou(fixed, target) if fixed else 0.0))
+    gains = [iou(answer["predicted"], answer["target"])
+             - iou(constant_answer(best, answer["window"][1] - answer["window"][0], best_range), answer["target"])
+             for answer in moments]
     error = statistics.stdev(gains) / math.sqrt(len(gains)) if len(gains) > 1 else None
     return {"constant": best, "mean": statistics.fmean(gains), "standard_error": error, "windows": len(gains)}
 

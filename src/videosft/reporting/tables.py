@@ -60,11 +60,12 @@ def window_table(window: WindowEvaluation | None, reason: str | None) -> list[st
     parts.append(f"<p>{html.escape(str(window.windows))} validation windows, greedy decoding, window-local time "
                  "(from the verify stage).</p>")
     if gain := window.gain:
-        error = gain.get("standard_error")
-        parts.append(f"<p>Fine-tuned IoU minus that of the best constant answer ({html.escape(str(gain['constant']))}, "
-                     f"the same answer on every window), per window with something to keep ({gain['windows']}): "
-                     f"mean {gain['mean']:+.4f}" + (f", standard error {error:.4f} ({gain['mean'] / error:.1f} of them; "
-                     "three or more: a gain that chance on these windows does not explain)" if error else "") + ".</p>")
+        text = (f"Fine-tuned IoU minus that of the best constant answer ({gain['constant']}, the same answer on every "
+                f"window), per window with something to keep ({gain['windows']}): mean {gain['mean']:+.4f}")
+        if error := gain.get("standard_error"):
+            text += (f", standard error {error:.4f} ({gain['mean'] / error:.1f} of them; three or more: a gain that "
+                     "chance on these windows does not explain)")
+        parts.append(f"<p>{html.escape(text)}.</p>")
     parts.append("<table><tr><th>metric</th><th>base</th><th>fine-tuned</th><th>difference</th>"
                  "<th>definition</th></tr>")
     for name, base, tuned in window.metrics:
