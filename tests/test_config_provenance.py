@@ -70,7 +70,8 @@ def test_a_snakemake_config_override_is_read_as_the_types_the_schema_asks(monkey
 # The descriptions that a comma once cut short (a comma ends an unquoted value in a YAML {flow: mapping}).
 WHOLE_DESCRIPTIONS = {
     ("predict", "render"): "Also write the cut video (H.264, no audio) beside the timelines.",
-    ("predict", "batch_size"): "Windows answered together (left-padded, KV cache).",
+    ("predict", "batch_size"): "Windows answered together (left-padded, KV cache), across videos: a folder of short videos "
+                              "fills each batch.",
     ("demo", "pretrain", "clips"): "Rendered clips, held-out ones included.",
     ("model", "path"): "Checkpoint directory (config, safetensors, tokenizer, processor).",
 }

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from videosft import config as config_lib
-from videosft.evaluation.generation import greedy_answers, is_degenerate
+from videosft.evaluation.generation import Prompts, answered_in_order, greedy_answers, is_degenerate
 from videosft.media.pixels import load_video_processor
 from videosft.data.rejects import Rejects
 from videosft.data.windows import read_windows
@@ -65,3 +65,34 @@ def test_degenerate_answers():
     assert is_degenerate([1, 9, 9, 9, 9], ended=True)  # one token four times in a row
     assert is_degenerate([3, 4, 3, 4, 3, 4, 3, 4], ended=True)  # a two-token run four times
     assert not is_degenerate([1, 2, 3, 1, 2, 3, 1, 2, 3], ended=True)  # three times is an answer's right
+
+
+def test_prompts_of_successive_videos_are_answered_together_and_each_video_comes_back_whole_in_order():
+    """predict's batches run across videos (a folder of short videos fills each one), are cut from the
+    prompts in order (the same whatever the host threads' timing), and a video comes back once all of it is
+    answered; a video skipped before its prompts keeps its place."""
+    windows = {"a": 1, "b": 5, "empty": 0, "c": 2}
+
+    def runs(video: str, size: int = 3):
+        ids = [f"{video}#{i}" for i in range(windows[video])]
+        for first in range(0, max(1, len(ids)), size):
+            part = ids[first:first + size]
+            yield Prompts(video, [{"id": i} for i in part], [{"window_id": i} for i in part],
+                          first + size >= len(ids))
+
+    batches = []
+
+    def answer(prompts):
+        batches.append([p["id"] for p in prompts])
+        return [{"answer": f"to {p['id']}"} for p in prompts]
+
+    skipped = {"shown": "broken.mp4"}
+    stream = [*runs("a"), skipped, *runs("b"), *runs("empty"), *runs("c")]
+    out = list(answered_in_order(iter(stream), answer, batch_size=3))
+    assert batches == [["a#0", "b#0", "b#1"], ["b#2", "b#3", "b#4"], ["c#0", "c#1"]]
+    assert [item for item, _ in out] == ["a", skipped, "b", "empty", "c"]
+    for item, results in out:
+        if item is not skipped:
+            assert [r["window_id"] for r in results] == [f"{item}#{i}" for i in range(windows[item])]
+            assert all(r["answer"] == f"to {r['window_id']}" for r in results)
+    assert out[3][1] == []  # no prompt: predict skips it, never writes an empty cut list

@@ -43,8 +43,12 @@ def predict_cfg(demo_config: dict, **predict_cfg) -> config_lib.View:
 
 def test_predict_feeds_the_model_the_training_prompt_of_each_window(prepared, demo_config):
     """Train/serve parity: for every val window, the token ids predict gives the model are the
-    training sample's ids up to its answer, and the pixels are the same."""
+    training sample's ids up to its answer, and the pixels are the same (a prompt keeps the processor's;
+    a sample's are made again of its stored frames)."""
+    import torch
     from transformers import AutoProcessor
+
+    from videosft.media.pixels import pixel_values_videos
 
     cfg = predict_cfg(demo_config)
     processor = AutoProcessor.from_pretrained(cfg.model.path)
@@ -58,7 +62,9 @@ def test_predict_feeds_the_model_the_training_prompt_of_each_window(prepared, de
             sample = samples[result["window_id"]]
             first = next(i for i, label in enumerate(sample["labels"]) if label != -100)
             assert prompt["input_ids"] == sample["input_ids"][:first], result["window_id"]
-            assert prompt["frames"] == sample["frames"] and prompt["video_grid_thw"] == sample["video_grid_thw"]
+            assert prompt["video_grid_thw"] == sample["video_grid_thw"] and "frames" not in prompt
+            assert torch.equal(pixel_values_videos(prompt, processor.video_processor),
+                               pixel_values_videos(sample, processor.video_processor)), result["window_id"]
             compared += 1
     assert compared == len(samples) > 0
 
@@ -250,7 +256,7 @@ def test_a_video_none_of_whose_windows_can_be_encoded_is_skipped_not_cut_to_noth
     from videosft.encoding import prompts
     from videosft.errors import ConfigError, Rejected
 
-    def undecodable(window, *_args):
+    def undecodable(window, *_args, **_kwargs):
         raise Rejected("video_undecodable", f"frames of {window['window_id']} could not be decoded (test)")
 
     monkeypatch.setattr(prompts, "build_sample", undecodable)

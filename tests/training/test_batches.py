@@ -9,7 +9,7 @@ import pytest
 import torch
 from transformers.models.qwen3_vl.video_processing_qwen3_vl import Qwen3VLVideoProcessor
 
-from videosft.training.batches import BatchesAhead, collate, one_ahead
+from videosft.training.batches import BatchesAhead, collate, made_ahead
 from videosft.media.pixels import stored_frames
 
 # Qwen3-VL's video processor at its published geometry: two 32x32 frames make a 1x2x2 grid
@@ -123,7 +123,7 @@ def test_pixels_made_where_taken_refuse_a_grid_other_than_the_samples():
     batches.close()
 
 
-def test_the_next_item_is_made_on_a_host_thread_in_order_and_its_error_reaches_the_caller():
+def test_items_are_made_ahead_on_host_threads_in_order_and_an_error_reaches_the_caller():
     made_on = []
 
     def make(item):
@@ -132,13 +132,34 @@ def test_the_next_item_is_made_on_a_host_thread_in_order_and_its_error_reaches_t
             raise ValueError("cannot read bad")
         return item.upper()
 
-    assert list(one_ahead(["a", "b", "c"], make)) == ["A", "B", "C"]
-    assert all(name.startswith("one-ahead") for name in made_on)
-    ahead = one_ahead(["a", "bad"], make)
+    assert list(made_ahead(["a", "b", "c"], make)) == ["A", "B", "C"]
+    assert all(name.startswith("made-ahead") for name in made_on)
+    ahead = made_ahead(["a", "bad"], make)
     assert next(ahead) == "A"
     with pytest.raises(ValueError, match="cannot read bad"):
         next(ahead)
-    assert list(one_ahead([], make)) == []
+    assert list(made_ahead([], make)) == []
+
+
+def test_several_items_are_made_at_once_never_more_than_the_workers_ahead_of_the_caller():
+    """Four workers: four items are being made at once (each waits for the others to start), and the lazy
+    input is read no further than one ahead of what was handed to the workers."""
+    started, read = threading.Barrier(4, timeout=10), []
+
+    def items():
+        for number in range(12):
+            read.append(number)
+            yield number
+
+    def make(number):
+        if number < 4:
+            started.wait()  # breaks (an error) unless the first four run at the same time
+        return number * 10
+
+    ahead = made_ahead(items(), make, workers=4)
+    assert next(ahead) == 0
+    assert len(read) == 5  # four submitted, then one more once the first was taken
+    assert list(ahead) == [10 * n for n in range(1, 12)]
 
 
 @pytest.mark.parametrize("pack", [False, True])

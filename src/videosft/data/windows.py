@@ -1,4 +1,5 @@
-"""``windows.parquet``: the window stage's windows, which the preprocess and predict stages read.
+"""``windows.parquet``: the window stage's windows, which the preprocess and predict stages read; and a new
+video's windows, which the predict stage cuts by the same rules (:func:`new_video_windows`).
 
 One row per window of a video (and query) (:data:`WINDOW_SCHEMA`, made by :func:`window_row`): its
 span in source seconds and the keep ranges inside it, in source and in window time. Here too what
@@ -21,7 +22,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ..media.timeline import Range, resolve_video
+from ..media.timeline import Range, resolve_video, window_bounds
 
 WINDOW_SCHEMA = pa.schema(
     [
@@ -47,6 +48,14 @@ def window_row(window_id: str, video: str, query: str | None, split: str | None,
     return {"window_id": window_id, "video": video, "query": query, "split": split, "video_duration": duration,
             "window_index": index, "window_start": start, "window_end": end,
             "keep_source": [list(r) for r in keep_source], "keep_local": [list(r) for r in keep_local]}
+
+
+def new_video_windows(name: str, duration: float, query: str, window_cfg) -> list[dict]:
+    """A new video's windows (the predict stage's), by the window stage's rules (``window_cfg``: its
+    section): a ``drop`` tail is read as ``shift``, so that no second goes unjudged."""
+    tail = "shift" if window_cfg.tail == "drop" else window_cfg.tail
+    return [window_row(f"{name}#{index}", name, query, "predict", duration, index, bounds)
+            for index, bounds in enumerate(window_bounds(duration, window_cfg.length, window_cfg.stride, tail))]
 
 
 def window_id(ann: dict, index: int) -> str:

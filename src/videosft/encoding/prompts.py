@@ -1,5 +1,6 @@
 """A window's prompt for a model to answer: its training sample (:func:`.samples.build_sample`) cut
-where the answer begins, so that a model in use sees the tokens and pixels it was trained on."""
+where the answer begins, so that a model in use sees the tokens and pixels it was trained on. A prompt
+carries the processor's pixels, not the stored frames a training sample keeps."""
 
 from __future__ import annotations
 
@@ -24,7 +25,8 @@ def window_prompts(video: VideoFile, windows: list[dict], processor, cfg: View,
     for window in windows:
         started = time.perf_counter()
         try:
-            sample = build_sample({**window, "keep_local": []}, video, processor, cfg, budget, geometry)
+            sample = build_sample({**window, "keep_local": []}, video, processor, cfg, budget, geometry,
+                                  keep_pixels=True)
         except Exception as error:  # one bad window never loses the others
             rejects.add(window["window_id"], error, video=window["video"])
             continue

@@ -141,7 +141,12 @@ def fitted_budget(budget: Budget, input_tokens: int, visual_tokens: int, pairs: 
                                max_tokens_from=f"fitted to data.max_length={max_length}")
 
 
-def build_sample(window: dict, video: VideoFile, processor, cfg: View, budget: Budget, geometry: dict) -> dict:
+def build_sample(window: dict, video: VideoFile, processor, cfg: View, budget: Budget, geometry: dict,
+                 keep_pixels: bool = False) -> dict:
+    """The window's sample; its frames stored as the sample store keeps them or, with ``keep_pixels`` (a
+    prompt to answer now, never stored), the processor's ``pixel_values_videos`` themselves (float16, as
+    :mod:`videosft.media.pixels` makes them of stored frames): no lossless images to encode and decode
+    again and no second pass of the processor."""
     max_length = cfg.data.max_length
     clip, encoded, input_ids, grid, visual_tokens, answer, decode_seconds = encode_window(
         window, video, processor, cfg, budget, geometry)
@@ -190,5 +195,5 @@ def build_sample(window: dict, video: VideoFile, processor, cfg: View, budget: B
         "input_ids": input_ids,
         "labels": labels,
         "mm_token_type_ids": encoded["mm_token_type_ids"][0].tolist(),
-        **stored_frames(clip.frames),
+        **({"pixel_values_videos": encoded["pixel_values_videos"].half()} if keep_pixels else stored_frames(clip.frames)),
     }

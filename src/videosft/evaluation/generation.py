@@ -1,5 +1,6 @@
 """Greedy answers of a model to sample prompts: the one generation code of the verify stage's
-evaluation (:mod:`videosft.evaluation.answers`) and of the predict stage.
+evaluation (:mod:`videosft.evaluation.answers`) and of the predict stage, which answers the prompts of
+successive videos together (:func:`answered_in_order`).
 
 A prompt is a sample cut where its answer begins (:func:`prompt_of`). Prompts are answered in
 left-padded batches, so that every prompt ends where its answer begins, with the KV cache; a batch
@@ -11,6 +12,10 @@ or has not ended within ``max_new_tokens``, is degenerate (as the field notes sa
 """
 
 from __future__ import annotations
+
+import dataclasses
+from collections import deque
+from typing import Callable, Iterable
 
 from ..encoding.chat import IGNORE_INDEX, generated_answer
 from ..models.families import family_of
@@ -63,3 +68,53 @@ def greedy_answers(model, prompts: list[dict], tokenizer, video_processor, max_n
             answers.append({"text": text, "answer": generated_answer(text) if think_block == "answer" else text,
                             "degenerate": is_degenerate(tokens, ended)})
     return answers
+
+
+@dataclasses.dataclass
+class Prompts:
+    """A run of one item's prompts (some of a video's windows) with a result entry for each; ``last``: the
+    item's last run; ``seconds``: where making them spent its time."""
+    item: object
+    prompts: list[dict]
+    results: list[dict]
+    last: bool
+    seconds: dict = dataclasses.field(default_factory=dict)
+
+
+def answered_in_order(runs: Iterable, answer: Callable[[list[dict]], list[dict]], batch_size: int):
+    """(item, its results, each updated with its prompt's answer) for each item, in order, once every
+    prompt of it is answered. ``runs``: :class:`Prompts` in order (an item's runs one after another); anything
+    else (a video skipped before its prompts) comes back as (it, []) in its place. The prompts of successive
+    items are answered together in batches of ``batch_size`` (``answer``: prompts -> answers, one dict each),
+    so an item of fewer prompts than a batch leaves no place in it empty, and the batches, cut from the
+    prompts in order, are the same whatever the timing of whoever makes the runs."""
+    waiting: deque = deque()  # [item, its results, how many are answered, whether its last run came]
+    queued: list = []  # (its item's entry, result, prompt), not answered yet, in order
+
+    def answer_first(count: int) -> None:
+        batch, queued[:] = queued[:count], queued[count:]
+        for (entry, result, _), answered in zip(batch, answer([prompt for _, _, prompt in batch]), strict=True):
+            result.update(answered)
+            entry[2] += 1
+
+    def finished():
+        while waiting and waiting[0][3] and waiting[0][2] == len(waiting[0][1]):
+            item, results, _, _ = waiting.popleft()
+            yield item, results
+
+    for run in runs:
+        if not isinstance(run, Prompts):
+            waiting.append([run, [], 0, True])
+        else:
+            if not waiting or waiting[-1][0] is not run.item:
+                waiting.append([run.item, [], 0, False])
+            entry = waiting[-1]
+            entry[1].extend(run.results)
+            entry[3] = run.last
+            queued.extend((entry, result, prompt) for result, prompt in zip(run.results, run.prompts, strict=True))
+        while len(queued) >= batch_size:
+            answer_first(batch_size)
+        yield from finished()
+    while queued:
+        answer_first(batch_size)
+    yield from finished()

@@ -1,5 +1,5 @@
-"""Which kernels a training run binds, in one place: fla's autotune table, the Gated-DeltaNet, the fused
-elementwise kernels, the vision tower's batched attention, packed attention and PyTorch's SDPA
+"""Which kernels a training run (or a model answering prompts, :func:`for_generation`) binds, in one
+place: fla's autotune table, the Gated-DeltaNet, the fused elementwise kernels, the vision tower's batched attention, packed attention and PyTorch's SDPA
 backends. Each fla kernel is bound only after it matches transformers' torch forward at the run's
 shapes (:mod:`videosft.kernels.checks`); what was bound is the run record's ``kernels`` entry.
 """
@@ -37,6 +37,15 @@ def bind(model, chosen: dict, device, longest_tokens: int, fused: str, packed: b
              "attention": attention_backends.for_batches(device, padded=padded)}
     bound["warnings"] = slow_paths(bound, device)
     return bound
+
+
+def for_generation(model, device, longest_tokens: int) -> dict:
+    """What a model answering prompts runs (the predict stage), chosen and checked as for training at its
+    longest prompt: the Gated-DeltaNet (the chunked rule of the prefill; transformers takes fla's recurrent
+    rule for the decode steps itself when fla imports), the fused kernels, the batched vision attention and the
+    SDPA backends for padded batches (prompts are left-padded)."""
+    return bind(model, before_build(model, device, longest_tokens, None), device, longest_tokens, "auto",
+                packed=False, padded=True)
 
 
 def slow_paths(kernels: dict, device) -> list[str]:

@@ -95,8 +95,10 @@ def frames_of(row: dict):
 
 
 def pixel_values_videos(row: dict, video_processor):
-    """The sample's ``pixel_values_videos`` as float16, rebuilt from its stored frames; refuses a
-    processor whose grid differs from the one the sample was made with."""
+    """The sample's ``pixel_values_videos`` as float16: a prompt's own (made with them), or rebuilt from its
+    stored frames, refusing a processor whose grid differs from the one the sample was made with."""
+    if "pixel_values_videos" in row:
+        return row["pixel_values_videos"]
     return pixels_of_frames(frames_of(row), row["video_grid_thw"], video_processor, row["window_id"])
 
 

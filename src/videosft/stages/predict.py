@@ -16,10 +16,11 @@ is skipped: the stage's closing lines name each skipped video and why, ``summary
 under ``skipped``, and past ``predict.max_skipped`` (0 by default) the stage fails, after writing
 everything else, with a message naming them. With ``predict.videos: val`` the windows are the
 window stage's val windows, and the merged ranges are scored against the annotations in source
-time (``evaluation.json``). The next video is opened, decoded and prompted on a host thread while
-the model answers the current one (:func:`videosft.training.batches.one_ahead`); the summary's
-seconds per part therefore overlap, and windows/s is counted over the wall time after the model's
-load.
+time (``evaluation.json``). While the model answers, host threads open the next videos and decode and
+prompt their windows (predict.prepare_threads), and the model answers the windows of successive videos
+together, predict.batch_size at a time, in the same batches whatever the threads' timing. The summary's
+seconds per part therefore overlap (summed over threads), and windows/s is counted over the wall time
+after the model's load.
 
     python -m videosft.stages.predict --config config.yaml --adapter results/train/adapter --out results/predict
     python -m videosft.stages.predict --config config.yaml --out results/predict    # model.path merged (export)
@@ -33,6 +34,7 @@ seconds, as predict wrote them); its ``clock`` says how they map onto the file's
 from __future__ import annotations
 
 import dataclasses
+import os
 import shutil
 import time
 from pathlib import Path
@@ -40,17 +42,16 @@ from pathlib import Path
 from .. import config as config_lib
 from ..config import View
 from ..data.rejects import Rejects, TooManyRejects
-from ..data.windows import read_windows, window_row, windows_by_video
+from ..data.windows import new_video_windows, read_windows, windows_by_video
 from ..encoding.chat import parse_answer
 from ..encoding.prompts import window_prompts
 from ..errors import ConfigError, Rejected
 from ..evaluation.cutlist import evaluate_in_source_time, merge_votes, to_source
-from ..evaluation.generation import greedy_answers
-from ..kernels import autotune
-from ..training.batches import one_ahead
+from ..evaluation.generation import Prompts, answered_in_order, greedy_answers
+from ..kernels import selection
+from ..training.batches import made_ahead
 from ..media.clock import MediaClock, media_clock
 from ..media.editor_timelines import write_timelines
-from ..media.timeline import window_bounds
 from ..media.video import VideoFile
 from ..models.loading import load_model
 from ..provenance import existing_path, exit_after, kept_path, run_record, stage_parser, write_json
@@ -77,25 +78,17 @@ def videos_to_predict(cfg: View, windows_path: Path | None) -> dict[tuple[str, s
     raise ConfigError(f"predict.videos: {source} is neither val, a video file nor a folder")
 
 
-def cut_into_windows(video: VideoFile, name: str, cfg: View) -> list[dict]:
-    """A new video's windows, by the window stage's rules (a ``drop`` tail read as ``shift``)."""
-    window_cfg = cfg.window
-    tail = "shift" if window_cfg.tail == "drop" else window_cfg.tail
-    query, duration = cfg.predict.query or cfg.prompt.default_query, video.duration
-    return [window_row(f"{name}#{index}", name, query, "predict", duration, index, bounds)
-            for index, bounds in enumerate(window_bounds(duration, window_cfg.length, window_cfg.stride, tail))]
-
-
 @dataclasses.dataclass
-class Prompted:
-    """A video read and its windows' prompts made, ready for the model."""
+class Opened:
+    """A video opened and cut into windows, its prompts not made yet."""
+    index: int  # its place among the videos asked for: names its output folder
     path: Path
+    shown: str
     name: str
-    duration: float
-    clock: MediaClock
-    source_windows: list[dict]
-    prompts: list[dict]
-    results: list[dict]
+    video: VideoFile
+    source_windows: list[dict]  # the window stage's (val), with their keep ranges; [] for a new video
+    windows: list[dict]
+    open_seconds: float
 
 
 def skipped_video(path: Path, shown: str, code: str, message: str) -> dict:
@@ -114,10 +107,9 @@ def shown_name(path: Path, windows: list[dict] | None, cfg: View) -> str:
     return str(path.relative_to(folder)) if folder.is_dir() and path.is_relative_to(folder) else path.name
 
 
-def prompt_video(path: Path, windows: list[dict] | None, processor, cfg: View, rejects: Rejects,
-                 timings: dict) -> Prompted | dict:
-    """One video opened, cut into windows (or the given ones) and its prompts made; if it cannot be read, or
-    none of its windows can be encoded, what :func:`skipped_video` says of it."""
+def open_video(index: int, path: Path, windows: list[dict] | None, cfg: View, rejects: Rejects) -> Opened | dict:
+    """One video opened and cut into windows (or given the window stage's); if it cannot be read, what
+    :func:`skipped_video` says of it."""
     started = time.perf_counter()
     shown = shown_name(path, windows, cfg)
     try:
@@ -125,40 +117,62 @@ def prompt_video(path: Path, windows: list[dict] | None, processor, cfg: View, r
     except ValueError as error:  # a Rejected (its code: video_undecodable, too_few_frames, ...) or a bug's
         rejects.add(str(path), error, video=shown)
         return skipped_video(path, shown, error.code if isinstance(error, Rejected) else "unexpected", str(error))
-    source_windows = windows or []
-    name = shown if windows else path.name
-    windows = windows or cut_into_windows(video, path.name, cfg)
-    timings["open"] += time.perf_counter() - started
-    prompts, results = window_prompts(video, windows, processor, cfg, rejects, timings)
-    if not prompts:  # an empty cut list would read as "nothing worth keeping" for a video the model never saw
-        ids = {window["window_id"] for window in windows}
-        first = next((item for item in list(rejects.items) if item["where"] in ids),
-                     {"code": "unexpected", "error": "no window"})
-        return skipped_video(path, shown, first["code"], f"none of its {len(windows)} windows could be encoded "
-                             f"(the first: {first['error']})")
-    clock = media_clock(video)
-    return Prompted(path, name, video.duration, clock, source_windows, prompts, results)
+    name, source_windows = (shown if windows else path.name), windows or []
+    windows = windows or new_video_windows(path.name, video.duration, cfg.predict.query or cfg.prompt.default_query,
+                                           cfg.window)
+    return Opened(index, path, shown, name, video, source_windows, windows, time.perf_counter() - started)
 
 
-def answer_video(video: Prompted, model, processor, cfg: View, rejects: Rejects, timings: dict) -> dict:
-    """The model's answers to a video's prompts and the merged source-time ranges."""
+def runs_of(opened: Opened | dict, size: int):
+    """An opened video's windows in runs of ``size``, the unit a host thread prepares, as (video, first,
+    end): a long video's runs are prepared on several threads at once. A skipped video as it is."""
+    if isinstance(opened, dict):
+        yield opened
+        return
+    for first in range(0, max(1, len(opened.windows)), size):  # a video without windows still comes, to be skipped
+        yield opened, first, min(first + size, len(opened.windows))
+
+
+def prompt_run(run: tuple | dict, processor, cfg: View, rejects: Rejects) -> Prompts | dict:
+    """The prompts of a run of a video's windows. The runs of one video are made on several threads at once,
+    and a decoder is not to be shared between threads: every run but the first opens the file again."""
+    if isinstance(run, dict):
+        return run
+    opened, first, end = run
     started = time.perf_counter()
-    answers = greedy_answers(model, video.prompts, processor.tokenizer, processor.video_processor,
-                             cfg.predict.max_new_tokens, cfg.prompt.think_block, cfg.predict.batch_size)
-    for result, answer in zip(video.results, answers):
-        text, local = answer["answer"], parse_answer(answer["answer"])
-        result.update(answer=text, parsed=local is not None, degenerate=answer["degenerate"], ranges_local=local,
+    video = opened.video if first == 0 else VideoFile(opened.path)
+    seconds = {"open": time.perf_counter() - started + (opened.open_seconds if first == 0 else 0.0),
+               "decode": 0.0, "preprocess": 0.0}
+    prompts, results = window_prompts(video, opened.windows[first:end], processor, cfg, rejects, seconds)
+    return Prompts(opened, prompts, results, end == len(opened.windows), seconds)
+
+
+def cut_list(opened: Opened, results: list[dict], min_agreement: float, rejects: Rejects) -> dict:
+    """A video's answered windows parsed, moved to source time and merged into the ranges to keep."""
+    for result in results:
+        text, local = result["answer"], parse_answer(result["answer"])
+        result.update(parsed=local is not None, ranges_local=local,
                       ranges=None if local is None else to_source(local, result["start"], result["end"]))
         if local is None:
             rejects.add(result["window_id"], f"answer {text!r} is not in the answer format; the window "
-                        "abstains from the merge", code="answer_format", video=video.name)
-    timings["generate"] += time.perf_counter() - started
-    ranges = merge_votes(video.results, cfg.predict.min_agreement)
-    return {"video": str(video.path), "name": video.name, "duration": video.duration, "clock": video.clock.as_json(),
-            "ranges": ranges, "kept_seconds": sum(end - start for start, end in ranges),
-            "merge": {"min_agreement": cfg.predict.min_agreement}, "windows": video.results,
-            "source_windows": [{"window_id": w["window_id"], "keep_source": w.get("keep_source") or []}
-                               for w in video.source_windows]}
+                        "abstains from the merge", code="answer_format", video=opened.name)
+    ranges = merge_votes(results, min_agreement)
+    video = opened.video
+    return {"video": str(opened.path), "name": opened.name, "duration": video.duration,
+            "clock": media_clock(video).as_json(), "ranges": ranges,
+            "kept_seconds": sum(end - start for start, end in ranges), "merge": {"min_agreement": min_agreement},
+            "windows": results, "source_windows": [{"window_id": w["window_id"], "keep_source": w.get("keep_source") or []}
+                                                   for w in opened.source_windows]}
+
+
+def unencoded(opened: Opened, rejects: Rejects) -> dict:
+    """A video none of whose windows could be encoded, as skipped: an empty cut list would read as "nothing
+    worth keeping" for a video the model never saw."""
+    ids = {window["window_id"] for window in opened.windows}
+    first = next((item for item in list(rejects.items) if item["where"] in ids),
+                 {"code": "unexpected", "error": "no window"})
+    return skipped_video(opened.path, opened.shown, first["code"], f"none of its {len(opened.windows)} windows "
+                         f"could be encoded (the first: {first['error']})")
 
 
 def write_outputs(result: dict, out: Path, render: bool) -> dict[str, str]:
@@ -200,17 +214,15 @@ def predict(cfg: View, adapter: Path | None, windows_path: Path | None, out: Pat
     processor = AutoProcessor.from_pretrained(cfg.model.path)
     started = time.perf_counter()
     model = load_model(Path(cfg.model.path), adapter, merge=True)
-    # fla's autotuning choices for this GPU model: without them the first prompts autotune the
-    # kernels fla runs (8.6 s for one norm's key on an H200, bench/RESULTS.md)
-    autotuned = autotune.apply(model.device)
     timings = {"load_model": time.perf_counter() - started, "open": 0.0, "decode": 0.0, "preprocess": 0.0, "generate": 0.0}
     rejects = Rejects(out / "rejects.jsonl", kept_rejects)
     started = time.perf_counter()
-    results, outputs, skipped = cut_videos(videos, model, processor, cfg, rejects, timings, out)
+    kernels = {}
+    results, outputs, skipped = cut_videos(videos, model, processor, cfg, rejects, timings, out, kernels)
     timings["after_load"] = time.perf_counter() - started  # the parts overlap: this is the wall time
     windows = sum(len(r["windows"]) for r in results)
     record["results"] = {"source": cfg.predict.videos, "model": cfg.model.path,
-                         "adapter": None if adapter is None else str(adapter), "autotune": autotuned,
+                         "adapter": None if adapter is None else str(adapter), "kernels": kernels,
                          "min_agreement": cfg.predict.min_agreement,
                          "videos": len(videos), "predicted": len(results), "windows": windows,
                          "rejects": rejects.summary(), "skipped": skipped, "max_skipped": cfg.predict.max_skipped,
@@ -223,25 +235,58 @@ def predict(cfg: View, adapter: Path | None, windows_path: Path | None, out: Pat
     print(closing(skipped, len(videos), out, cfg, rejects), flush=True)
 
 
-def cut_videos(videos: dict, model, processor, cfg: View, rejects: Rejects, timings: dict,
-               out: Path) -> tuple[list[dict], dict[str, dict], list[dict]]:
-    """Each video's cut list written under ``out``: (results, their files by video, the videos skipped)."""
+def cut_videos(videos: dict, model, processor, cfg: View, rejects: Rejects, timings: dict, out: Path,
+               kernels: dict) -> tuple[list[dict], dict[str, dict], list[dict]]:
+    """Each video's cut list written under ``out``: (results, their files by video, the videos skipped).
+
+    Videos are opened on one host thread and their windows' prompts made in runs of predict.batch_size on
+    predict.prepare_threads more, ahead of the model, which answers them in batches across videos with the
+    kernels the train stage binds (checked at the first batch; ``kernels`` gets what was bound)."""
     outputs, results, skipped = {}, [], []
-    sources = [(Path(path), windows) for (path, _query), windows in videos.items()]
-    prompted = one_ahead(sources, lambda source: prompt_video(*source, processor, cfg, rejects, timings))
-    for index, ((path, _windows), video) in enumerate(zip(sources, prompted)):
+    batch_size = cfg.predict.batch_size
+    sources = [(index, Path(path), windows) for index, ((path, _query), windows) in enumerate(videos.items())]
+    opened = made_ahead(sources, lambda source: open_video(*source, cfg, rejects))
+    runs = (run for video in opened for run in runs_of(video, batch_size))
+    parts = made_ahead(runs, lambda run: prompt_run(run, processor, cfg, rejects), prepare_threads(cfg, model.device))
+
+    def counted(parts):
+        for part in parts:
+            for key, seconds in (part.seconds.items() if isinstance(part, Prompts) else ()):
+                timings[key] += seconds
+            yield part
+
+    def answer(prompts: list[dict]) -> list[dict]:
+        started = time.perf_counter()
+        if not kernels:  # checked at the first batch's longest prompt: the lengths this run has
+            kernels.update(selection.for_generation(model, model.device, max(len(p["input_ids"]) for p in prompts)))
+            print("\n".join(f"predict: {line}" for line in selection.summary(kernels, model.device)), flush=True)
+        answers = greedy_answers(model, prompts, processor.tokenizer, processor.video_processor,
+                                 cfg.predict.max_new_tokens, cfg.prompt.think_block, len(prompts))
+        timings["generate"] += time.perf_counter() - started
+        return [{"answer": a["answer"], "degenerate": a["degenerate"]} for a in answers]
+
+    for video, answered in answered_in_order(counted(parts), answer, batch_size):
+        if isinstance(video, Opened) and not answered:
+            video = unencoded(video, rejects)
         if isinstance(video, dict):
             skipped.append(video)
             print(f"predict: skipped {video['shown']}: {video['reason']}", flush=True)
             continue
-        result = answer_video(video, model, processor, cfg, rejects, timings)
+        result = cut_list(video, answered, cfg.predict.min_agreement, rejects)
         results.append(result)
-        outputs[result["name"]] = write_outputs(result, out / f"{index:04d}-{path.stem}",
+        outputs[result["name"]] = write_outputs(result, out / f"{video.index:04d}-{video.path.stem}",
                                                 cfg.predict.render)
         print(f"predict: {result['name']}: {len(result['ranges'])} ranges, {result['kept_seconds']:.1f} of "
               f"{result['duration']:.1f} s kept, {sum(not w.get('parsed', True) for w in result['windows'])} of "
               f"{len(result['windows'])} answers unparseable", flush=True)
     return results, outputs, skipped
+
+
+def prepare_threads(cfg: View, device) -> int:
+    """predict.prepare_threads, or as the cores allow on a GPU (up to 4; one core is the model's), else 1."""
+    if cfg.predict.prepare_threads is not None:
+        return cfg.predict.prepare_threads
+    return max(1, min(4, (os.cpu_count() or 1) - 1)) if device.type == "cuda" else 1
 
 
 def closing(skipped: list[dict], total: int, out: Path, cfg: View, rejects: Rejects) -> str:

@@ -12,8 +12,9 @@ function and hands them to the forward.
 from __future__ import annotations
 
 import itertools
+from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Callable
+from typing import Callable, Iterable
 
 from ..encoding.chat import IGNORE_INDEX
 from ..media.frame_workers import FrameWorkers, decode_processes as processes_for
@@ -232,13 +233,18 @@ class BatchesAhead:
             self.workers.close()
 
 
-def one_ahead(items: list, make: Callable):
-    """``make(item)`` for each item in order, the next one made on a host thread while the caller works on
-    the current: a video's frames are decoded and its prompts made while the model answers the one before
-    (decord, the image processor and the tokenizer spend their time outside the interpreter's lock)."""
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="one-ahead") as pool:
-        pending = pool.submit(make, items[0]) if items else None
-        for position in range(len(items)):
-            made = pending.result()
-            pending = pool.submit(make, items[position + 1]) if position + 1 < len(items) else None
+def made_ahead(items: Iterable, make: Callable, workers: int = 1):
+    """``make(item)`` for each item, in order, made on host threads ahead of the caller: while the caller
+    works on one, the next ``workers`` are being made (decord, the image processor and the tokenizer spend
+    their time outside the interpreter's lock). ``items`` is read lazily, one ahead of what is made. An
+    error of ``make`` reaches the caller at its item; what was not started by then never is."""
+    items = iter(items)
+    pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="made-ahead")
+    try:
+        pending = deque(pool.submit(make, item) for item in itertools.islice(items, workers))
+        while pending:
+            made = pending.popleft().result()
+            pending.extend(pool.submit(make, item) for item in itertools.islice(items, 1))
             yield made
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
