@@ -2,17 +2,19 @@
 format, and `swift sft` in an environment of its own, each step timed on the device.
 
     python bench/peer_swift.py --manifest DATA/manifest.json --model DIR --work W \\
-        --swift-python python3 --swift-path /tmp/swift-site --settings ours [--steps 8]
+        --swift-python python3 --swift-path /tmp/swift-site:/tmp/site --settings ours [--steps 8]
     python bench/peer_swift.py --smoke --work W --swift-python /tmp/swenv/bin/python   # CPU, 2 steps
 
 ms-swift pins transformers < 5.20 and peft < 0.21, older than ours, so it never runs in the project's
-environment: ``--swift-python`` is an interpreter where ms-swift imports (``--swift-path`` goes first on
-its PYTHONPATH, in place of ours). On the GPU machine that is the image's Python (transformers 5.17)
+environment: ``--swift-python`` is an interpreter where ms-swift imports (``--swift-path`` is its
+PYTHONPATH, in place of ours). On the GPU machine that is the image's Python (transformers 5.17)
 with a folder made by ``pip install --no-deps --target`` for cp312 of ms-swift 4.6.0 and what it
 imports beyond the image (its pip list in a CPU venv here: modelscope, trl 0.29, datasets 4.8, peft
 0.20, addict, attrdict, binpacking, dacite, json-repair, simplejson, sortedcontainers, zstandard,
-transformers-stream-generator, ...), plus qwen-vl-utils, decord, deepspeed and, for ``recommended``,
-liger-kernel and flash-attn. ``bench/train_throughput.py --trainers ours swift`` runs both on the
+transformers-stream-generator, cryptography, ...) and qwen-vl-utils, then, after it, the folder of
+packages our runs carry (decord, deepspeed, flash-linear-attention: ms-swift's Qwen3.5 finds fla's
+kernels as ours do; the newer transformers and peft there are shadowed by its own); for
+``recommended`` also liger-kernel and a flash-attention build (its packing refuses SDPA). ``bench/train_throughput.py --trainers ours swift`` runs both on the
 same checkpoint and samples in one call. The samples are the store's rows of ``--split``:
 
 * the frames the processor was given (the store keeps them; already resized under our per-frame
@@ -201,7 +203,7 @@ def run_swift(opts, facts: dict, out: Path, settings: str) -> dict:
     env.update(facts["env"], HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1",
                MODELSCOPE_OFFLINE="1")
     if opts.swift_path:
-        env["PYTHONPATH"] = str(opts.swift_path)
+        env["PYTHONPATH"] = opts.swift_path
     if opts.device == "cpu":
         env["CUDA_VISIBLE_DEVICES"] = ""
     steps_file = run_dir / "steps.jsonl"
@@ -261,7 +263,8 @@ def main(argv=None) -> int:
     parser.add_argument("--max-length", type=int, default=65536)
     parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     parser.add_argument("--swift-python", default=sys.executable, help="an interpreter where ms-swift imports")
-    parser.add_argument("--swift-path", type=Path, help="first on ms-swift's PYTHONPATH (its own packages)")
+    parser.add_argument("--swift-path", help="ms-swift's PYTHONPATH, in place of ours: its own packages first, then "
+                        "(joined by ':') a folder with flash-linear-attention and deepspeed for it to find")
     parser.add_argument("--lora", type=json.loads, default=None, help="LoRA as JSON (default: the config's)")
     parser.add_argument("--smoke", action="store_true", help="CPU: a tiny real-vocabulary Qwen3.5, 2 steps")
     opts = parser.parse_args(argv)

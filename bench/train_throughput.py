@@ -410,7 +410,8 @@ def main() -> None:
     parser.add_argument("--tokenizer", choices=["demo", "real"], default="demo",
                         help="the checkpoint's tokenizer: the demo's (512 tokens) or Qwen3.5's own (ms-swift needs it)")
     parser.add_argument("--swift-python", default=sys.executable, help="an interpreter where ms-swift imports")
-    parser.add_argument("--swift-path", type=Path, help="first on ms-swift's PYTHONPATH (its own packages)")
+    parser.add_argument("--swift-path", help="ms-swift's PYTHONPATH, in place of ours: its own packages first, then "
+                        "(joined by ':') a folder with flash-linear-attention and deepspeed for it to find")
     parser.add_argument("--work", type=Path, default=ROOT / "results" / "throughput")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
