@@ -121,6 +121,23 @@ def test_every_val_video_gets_ranges_and_timelines_an_editor_opens(predicted, pr
     assert {"R1@0.5", "mIoU", "keep_precision", "keep_recall"} <= set(evaluation)
 
 
+@pytest.mark.slow  # the predicted fixture, and predict again
+def test_the_cut_lists_do_not_depend_on_the_batches_or_the_host_threads(predicted, prepared, demo_config, adapter,
+                                                                       tmp_path):
+    """Windows answered one at a time, their prompts made on two threads in runs of one window (every run
+    of a video but its first opens the file again), give the cut lists that batches of three across videos
+    gave, window for window."""
+    cfg = {**demo_config, "predict": {"batch_size": 1, "prepare_threads": 2}}
+    assert predict.main(["--config", stage_json("predict", cfg), "--adapter", str(adapter), "--windows",
+                         str(prepared / "window" / "windows.parquet"), "--out", str(tmp_path)]) == 0
+    batched = sorted(predicted.glob("*/keep.json"))
+    assert [p.parent.name for p in batched] == [p.parent.name for p in sorted(tmp_path.glob("*/keep.json"))]
+    for path in batched:
+        ours, theirs = json.loads((tmp_path / path.parent.name / "keep.json").read_text()), json.loads(path.read_text())
+        assert len(ours["windows"]) >= 2, "a video of one window has no second run"
+        assert ours["windows"] == theirs["windows"] and ours["ranges"] == theirs["ranges"], path.parent.name
+
+
 @pytest.mark.slow  # the predicted fixture
 def test_the_report_shows_the_source_time_evaluation_beside_the_window_level_one(predicted, tmp_path):
     evaluation = json.loads((predicted / "evaluation.json").read_text())

@@ -139,12 +139,18 @@ def prompt_run(run: tuple | dict, processor, cfg: View, rejects: Rejects) -> Pro
     if isinstance(run, dict):
         return run
     opened, first, end = run
+    windows, last = opened.windows[first:end], end == len(opened.windows)
     started = time.perf_counter()
-    video = opened.video if first == 0 else VideoFile(opened.path)
+    try:
+        video = opened.video if first == 0 else VideoFile(opened.path)
+    except ValueError as error:  # the file changed or went away since it was opened: these windows are lost
+        for window in windows:
+            rejects.add(window["window_id"], error, video=opened.name)
+        return Prompts(opened, [], [], last)
     seconds = {"open": time.perf_counter() - started + (opened.open_seconds if first == 0 else 0.0),
                "decode": 0.0, "preprocess": 0.0}
-    prompts, results = window_prompts(video, opened.windows[first:end], processor, cfg, rejects, seconds)
-    return Prompts(opened, prompts, results, end == len(opened.windows), seconds)
+    prompts, results = window_prompts(video, windows, processor, cfg, rejects, seconds)
+    return Prompts(opened, prompts, results, last, seconds)
 
 
 def cut_list(opened: Opened, results: list[dict], min_agreement: float, rejects: Rejects) -> dict:
