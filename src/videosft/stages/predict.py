@@ -20,7 +20,7 @@ time (``evaluation.json``). While the model answers, host threads open the next 
 prompt their windows (predict.prepare_threads), and the model answers the windows of successive videos
 together, predict.batch_size at a time, in the same batches whatever the threads' timing. The summary's
 seconds per part therefore overlap (summed over threads), and windows/s is counted over the wall time
-after the model's load.
+after the model's load, less the kernels' checks (``check_kernels``: once per run, at the first batch).
 
     python -m videosft.stages.predict --config config.yaml --adapter results/train/adapter --out results/predict
     python -m videosft.stages.predict --config config.yaml --out results/predict    # model.path merged (export)
@@ -220,12 +220,14 @@ def predict(cfg: View, adapter: Path | None, windows_path: Path | None, out: Pat
     processor = AutoProcessor.from_pretrained(cfg.model.path)
     started = time.perf_counter()
     model = load_model(Path(cfg.model.path), adapter, merge=True)
-    timings = {"load_model": time.perf_counter() - started, "open": 0.0, "decode": 0.0, "preprocess": 0.0, "generate": 0.0}
+    timings = {"load_model": time.perf_counter() - started, "check_kernels": 0.0, "open": 0.0, "decode": 0.0,
+               "preprocess": 0.0, "generate": 0.0}
     rejects = Rejects(out / "rejects.jsonl", kept_rejects)
     started = time.perf_counter()
     kernels = {}
     results, outputs, skipped = cut_videos(videos, model, processor, cfg, rejects, timings, out, kernels)
-    timings["after_load"] = time.perf_counter() - started  # the parts overlap: this is the wall time
+    # the parts overlap: this is the wall time, without the kernels' checks (once per run, as the load is)
+    timings["after_load"] = time.perf_counter() - started - timings["check_kernels"]
     windows = sum(len(r["windows"]) for r in results)
     record["results"] = {"source": cfg.predict.videos, "model": cfg.model.path,
                          "adapter": None if adapter is None else str(adapter), "kernels": kernels,
@@ -262,10 +264,12 @@ def cut_videos(videos: dict, model, processor, cfg: View, rejects: Rejects, timi
             yield part
 
     def answer(prompts: list[dict]) -> list[dict]:
-        started = time.perf_counter()
         if not kernels:  # checked at the first batch's longest prompt: the lengths this run has
+            started = time.perf_counter()
             kernels.update(selection.for_generation(model, model.device, max(len(p["input_ids"]) for p in prompts)))
+            timings["check_kernels"] = time.perf_counter() - started
             print("\n".join(f"predict: {line}" for line in selection.summary(kernels, model.device)), flush=True)
+        started = time.perf_counter()
         answers = greedy_answers(model, prompts, processor.tokenizer, processor.video_processor,
                                  cfg.predict.max_new_tokens, cfg.prompt.think_block, len(prompts))
         timings["generate"] += time.perf_counter() - started
