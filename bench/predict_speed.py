@@ -12,7 +12,8 @@ that a window holds ``--frames`` frames. Each tree runs ``python -m videosft.sta
 folder as a user does, in a process of its own, once on one video first so that Triton's compiled
 kernels are on disk (a user's second run finds them there too), then on all of them; windows/s is the
 stage's own figure: windows over the wall time after the model's load. The stage's summary splits
-that time into open, decode, preprocess (summed over its host threads, so they overlap) and generate.
+that time into open, decode, preprocess (summed over its host threads, so they overlap) and generate;
+this tree's also times the kernels' checks at the first batch, which it leaves out of windows/s.
 
 Then, in this process, generation alone on one batch of ``--batch`` prompts, each part synchronized:
 the prefill (the forward over the prompts, vision tower included) and the mean of a decode step
@@ -184,14 +185,16 @@ def main() -> None:
 def print_table(results: dict) -> None:
     print(f"\npredict at {results['frames']} frames, answers capped at {results['max_new_tokens']} new tokens "
           "(random weights: every answer runs to the cap); windows/s over the wall time after the model's load")
-    print("tree | batch | threads | windows | windows/s | open s | decode s | preprocess s | generate s | after load s")
+    print("tree | batch | threads | windows | windows/s | open s | decode s | preprocess s | generate s | after load s | "
+          "kernel checks s")
     for run in results["runs"]:
         if "failed" in run:
             print(f"{run['tree']} | {run['batch']} | {run['threads']} | failed: {run['failed'][-400:]!r}")
             continue
         s = run["seconds"]
         print(f"{run['tree']} | {run['batch']} | {run['threads']} | {run['windows']} | {run['windows_per_second']:.2f} | "
-              f"{s['open']:.1f} | {s['decode']:.1f} | {s['preprocess']:.1f} | {s['generate']:.1f} | {s['after_load']:.1f}")
+              f"{s['open']:.1f} | {s['decode']:.1f} | {s['preprocess']:.1f} | {s['generate']:.1f} | {s['after_load']:.1f} | "
+              f"{s.get('check_kernels', 0.0):.1f}")
     split = results.get("generation_split")
     if split:
         print(f"one batch of {split['batch']} prompts ({min(split['prompt_tokens'])}-{max(split['prompt_tokens'])} "
