@@ -36,6 +36,20 @@ def test_on_gloo_zero3_gathers_one_weight_at_a_time_unless_the_file_says(tmp_pat
         "zero_optimization"]["stage3_allgather_sequential"] is False
 
 
+def test_on_gloo_every_rank_fetches_a_modules_parameters_in_the_same_order(tmp_path):
+    """DeepSpeed lists the parameters to fetch in a set (the order of addresses, per process); on gloo, one
+    all-gather each, two orders hang the ranks (setup.gather_in_parameter_order). The gloo config puts the
+    ds_id order in place on DeepSpeed's own fetch method, once; a DeepSpeed that renamed it fails here."""
+    from deepspeed.runtime.zero.partitioned_param_coordinator import PartitionedParameterCoordinator
+
+    from videosft.training.setup import gather_in_parameter_order
+
+    deepspeed_config(written(tmp_path, {"stage": 3}), TRAIN, world=4, precision="fp32", backend="gloo")
+    fetch = PartitionedParameterCoordinator._PartitionedParameterCoordinator__all_gather_params
+    assert fetch.in_parameter_order and fetch.__code__.co_name == "gather_in_order"
+    assert gather_in_parameter_order() is False  # in place already: not wrapped twice
+
+
 @pytest.mark.parametrize("zero, extra, message", [
     ({"stage": 2}, {}, "zero_optimization.stage must be 3"),
     ({"stage": 3, "offload_param": {"device": "nvme"}}, {}, "offload_param to nvme is not supported"),

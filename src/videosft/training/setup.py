@@ -84,10 +84,36 @@ def deepspeed_config(path: Path, train_cfg: View, world: int, precision: str, ba
         # with 4 ranks on 2 cores, py-spy: all ranks in _allgather_params_coalesced). One at a time
         # on CPU, where nothing overlaps anyway; a value in the file wins.
         ds["zero_optimization"].setdefault("stage3_allgather_sequential", True)
+        gather_in_parameter_order()
     leftover = [key for key, value in ds.items() if value == "auto"]
     if leftover:
         raise ConfigError(f"{path}: no value for 'auto' keys {leftover}")
     return ds
+
+
+def gather_in_parameter_order() -> bool:
+    """Make ZeRO-3 fetch a module's parameters in the order of their ids (``ds_id``), the same on every rank.
+
+    DeepSpeed 0.19 collects the parameters a module needs in a set, whose order follows the objects'
+    addresses in each process, and gathers them in that order. With one all-gather per parameter (gloo,
+    above), two ranks that list a whole block's parameters in different orders wait for good in mismatched
+    all-gathers, past the process-group timeout: seen once, 4 ranks on 2 cores, every rank in
+    ``MultipleAllGatherHandles.wait`` of a forward fetch for over 10 minutes. Returns whether it was put in
+    place now (False: already)."""
+    from deepspeed.runtime.zero import partitioned_param_coordinator
+
+    coordinator = partitioned_param_coordinator.PartitionedParameterCoordinator
+    name = "_PartitionedParameterCoordinator__all_gather_params"  # the method fetch and prefetch call
+    gather = getattr(coordinator, name)
+    if getattr(gather, "in_parameter_order", False):
+        return False
+
+    def gather_in_order(self, params, forward: bool):
+        return gather(self, sorted(params, key=lambda param: param.ds_id), forward)
+
+    gather_in_order.in_parameter_order = True
+    setattr(coordinator, name, gather_in_order)
+    return True
 
 
 def check_train_options(train_cfg: View) -> None:
