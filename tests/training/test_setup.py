@@ -36,15 +36,32 @@ def test_on_gloo_zero3_gathers_one_weight_at_a_time_unless_the_file_says(tmp_pat
         "zero_optimization"]["stage3_allgather_sequential"] is False
 
 
-def test_on_gloo_every_rank_fetches_a_modules_parameters_in_the_same_order(tmp_path):
+def test_on_gloo_every_rank_fetches_a_modules_parameters_in_the_same_order(monkeypatch):
     """DeepSpeed lists the parameters to fetch in a set (the order of addresses, per process); on gloo, one
-    all-gather each, two orders hang the ranks (setup.gather_in_parameter_order). The gloo config puts the
+    all-gather each, two orders hang the ranks (setup.gather_in_parameter_order). A CPU rank's start puts the
     ds_id order in place on DeepSpeed's own fetch method, once; a DeepSpeed that renamed it fails here."""
+    import socket
+
+    import deepspeed
+    import torch
+    from deepspeed.comm import comm
     from deepspeed.runtime.zero.partitioned_param_coordinator import PartitionedParameterCoordinator
 
-    from videosft.training.setup import gather_in_parameter_order
+    from videosft.training.setup import SHM_COMM_OP, end_distributed, gather_in_parameter_order, init_distributed
 
-    deepspeed_config(written(tmp_path, {"stage": 3}), TRAIN, world=4, precision="fp32", backend="gloo")
+    with socket.socket() as probe:  # a free port for this one-rank process group
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    for name, value in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
+                        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}.items():
+        monkeypatch.setenv(name, value)
+    # what a rank's start changes in this process besides, given back after the test
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
+    monkeypatch.setattr(comm, "cdb", comm.cdb)
+    monkeypatch.setitem(deepspeed.ops.__compatible_ops__, SHM_COMM_OP, deepspeed.ops.__compatible_ops__.get(SHM_COMM_OP))
+    with torch.random.fork_rng():
+        init_distributed(seed=0, timeout_s=60)
+    end_distributed()
     fetch = PartitionedParameterCoordinator._PartitionedParameterCoordinator__all_gather_params
     assert fetch.in_parameter_order and fetch.__code__.co_name == "gather_in_order"
     assert gather_in_parameter_order() is False  # in place already: not wrapped twice

@@ -195,5 +195,6 @@ def build_sample(window: dict, video: VideoFile, processor, cfg: View, budget: B
         "input_ids": input_ids,
         "labels": labels,
         "mm_token_type_ids": encoded["mm_token_type_ids"][0].tolist(),
-        **({"pixel_values_videos": encoded["pixel_values_videos"].half()} if keep_pixels else stored_frames(clip.frames)),
+        **({"pixel_values_videos": encoded["pixel_values_videos"].half()} if keep_pixels
+           else stored_frames(clip.frames)),
     }

@@ -1,7 +1,8 @@
 """Which kernels a training run (or a model answering prompts, :func:`for_generation`) binds, in one
-place: fla's autotune table, the Gated-DeltaNet, the fused elementwise kernels, the vision tower's batched attention, packed attention and PyTorch's SDPA
-backends. Each fla kernel is bound only after it matches transformers' torch forward at the run's
-shapes (:mod:`videosft.kernels.checks`); what was bound is the run record's ``kernels`` entry.
+place: fla's autotune table, the Gated-DeltaNet, the fused elementwise kernels, the vision tower's
+batched attention, packed attention and PyTorch's SDPA backends. Each fla kernel is bound only after it
+matches transformers' torch forward at the run's shapes (:mod:`videosft.kernels.checks`); what was bound is
+the run record's ``kernels`` entry.
 """
 
 from __future__ import annotations

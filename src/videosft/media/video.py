@@ -4,6 +4,7 @@ narrowed to square ones before the token budget sees the frame)."""
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
@@ -40,8 +41,7 @@ class VideoFile:
             self.reader, self.decoding = open_reader(self.path, self.facts.interlaced)
             frame_times = np.asarray(self.reader.get_frame_timestamp(np.arange(len(self.reader))))
         except Exception as error:  # decord raises bare RuntimeErrors / DECORDErrors, PyAV its own
-            raise Rejected("video_undecodable", f"{path} could not be decoded as a video "
-                           f"({str(error).splitlines()[0]}); check the file or re-encode it") from None
+            raise undecodable(path, error) from None
         # a file cut off: (seconds that decode, seconds its container states)
         self.truncated = (self.reader.decodable_seconds, self.reader.stated_seconds) \
             if getattr(self.reader, "cut_off", False) else None
@@ -49,6 +49,16 @@ class VideoFile:
             raise Rejected("too_few_frames", f"{path} has {len(self.reader)} frame(s); a video needs at least 2")
         self.timestamps = frame_times[:, 0] + self.start
         self.duration = float(frame_times[-1, 1]) + self.start
+
+    def with_own_reader(self) -> "VideoFile":
+        """This video with a decoder of its own, for another thread (a decoder is not to be shared between
+        threads); the container's facts and frame times are not read again."""
+        other = copy.copy(self)
+        try:
+            other.reader, other.decoding = open_reader(self.path, self.facts.interlaced)
+        except Exception as error:
+            raise undecodable(self.path, error) from None
+        return other
 
     def window_frames(self, start: float, end: float) -> np.ndarray:
         """Indices of the frames whose presentation time lies in ``[start, end)``."""
@@ -112,6 +122,11 @@ class VideoFile:
         """The size a player shows coded frames of ``height`` x ``width`` at: the width scaled by the
         pixel aspect ratio (a 720x480 DVD frame with 32:27 pixels shows 853 wide), the height kept."""
         return height, max(2, round(width * self.pixel_aspect))
+
+
+def undecodable(path: Path, error: BaseException) -> Rejected:
+    return Rejected("video_undecodable", f"{path} could not be decoded as a video ({str(error).splitlines()[0]}); "
+                    "check the file or re-encode it")
 
 
 def open_reader(path: Path, interlaced: bool):

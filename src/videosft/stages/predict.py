@@ -135,20 +135,19 @@ def runs_of(opened: Opened | dict, size: int):
 
 def prompt_run(run: tuple | dict, processor, cfg: View, rejects: Rejects) -> Prompts | dict:
     """The prompts of a run of a video's windows. The runs of one video are made on several threads at once,
-    and a decoder is not to be shared between threads: every run but the first opens the file again."""
+    and a decoder is not to be shared between threads: every run but the first decodes with a reader of its own."""
     if isinstance(run, dict):
         return run
     opened, first, end = run
     windows, last = opened.windows[first:end], end == len(opened.windows)
     started = time.perf_counter()
     try:
-        video = opened.video if first == 0 else VideoFile(opened.path)
-    except ValueError as error:  # the file changed or went away since it was opened: these windows are lost
+        video = opened.video if first == 0 else opened.video.with_own_reader()
+    except Rejected as error:  # the file changed or went away since it was opened: these windows are lost
         for window in windows:
             rejects.add(window["window_id"], error, video=opened.name)
         return Prompts(opened, [], [], last)
-    seconds = {"open": time.perf_counter() - started + (opened.open_seconds if first == 0 else 0.0),
-               "decode": 0.0, "preprocess": 0.0}
+    seconds = {"open": time.perf_counter() - started, "decode": 0.0, "preprocess": 0.0}
     prompts, results = window_prompts(video, windows, processor, cfg, rejects, seconds)
     return Prompts(opened, prompts, results, last, seconds)
 
@@ -254,14 +253,19 @@ def cut_videos(videos: dict, model, processor, cfg: View, rejects: Rejects, timi
     batch_size = cfg.predict.batch_size
     sources = [(index, Path(path), windows) for index, ((path, _query), windows) in enumerate(videos.items())]
     opened = made_ahead(sources, lambda source: open_video(*source, cfg, rejects))
-    runs = (run for video in opened for run in runs_of(video, batch_size))
-    parts = made_ahead(runs, lambda run: prompt_run(run, processor, cfg, rejects), prepare_threads(cfg, model.device))
+
+    def runs():
+        for video in opened:
+            timings["open"] += video.open_seconds if isinstance(video, Opened) else 0.0
+            yield from runs_of(video, batch_size)
 
     def counted(parts):
         for part in parts:
             for key, seconds in (part.seconds.items() if isinstance(part, Prompts) else ()):
                 timings[key] += seconds
             yield part
+
+    parts = made_ahead(runs(), lambda run: prompt_run(run, processor, cfg, rejects), prepare_threads(cfg, model.device))
 
     def answer(prompts: list[dict]) -> list[dict]:
         if not kernels:  # checked at the first batch's longest prompt: the lengths this run has

@@ -40,6 +40,7 @@ def init_distributed(seed: int, timeout_s: int) -> int:
         # On CPU, DeepSpeed compiles a shared-memory C++ op on first use (30 s, minutes on a loaded
         # machine) that only its tensor-parallel inference all-reduce calls; training needs gloo alone.
         deepspeed.ops.__compatible_ops__[SHM_COMM_OP] = False
+        gather_in_parameter_order()
     deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo",
                                timeout=dt.timedelta(seconds=timeout_s))
     return torch.distributed.get_rank()
@@ -84,7 +85,6 @@ def deepspeed_config(path: Path, train_cfg: View, world: int, precision: str, ba
         # with 4 ranks on 2 cores, py-spy: all ranks in _allgather_params_coalesced). One at a time
         # on CPU, where nothing overlaps anyway; a value in the file wins.
         ds["zero_optimization"].setdefault("stage3_allgather_sequential", True)
-        gather_in_parameter_order()
     leftover = [key for key, value in ds.items() if value == "auto"]
     if leftover:
         raise ConfigError(f"{path}: no value for 'auto' keys {leftover}")
@@ -95,8 +95,8 @@ def gather_in_parameter_order() -> bool:
     """Make ZeRO-3 fetch a module's parameters in the order of their ids (``ds_id``), the same on every rank.
 
     DeepSpeed 0.19 collects the parameters a module needs in a set, whose order follows the objects'
-    addresses in each process, and gathers them in that order. With one all-gather per parameter (gloo,
-    above), two ranks that list a whole block's parameters in different orders wait for good in mismatched
+    addresses in each process, and gathers them in that order. With one all-gather per parameter (gloo:
+    ``stage3_allgather_sequential`` in :func:`deepspeed_config`), two ranks that list a whole block's parameters in different orders wait for good in mismatched
     all-gathers, past the process-group timeout: seen once, 4 ranks on 2 cores, every rank in
     ``MultipleAllGatherHandles.wait`` of a forward fetch for over 10 minutes. Returns whether it was put in
     place now (False: already)."""
