@@ -42,6 +42,14 @@ Settings (``--settings``):
   ``--attn_impl flash_attn`` and ZeRO-2 (its Qwen3.5-4B recipe's); needs flash-attn, liger-kernel and
   deepspeed in ms-swift's environment.
 
+fla 0.6.0 refuses its gated backward pass on Hopper GPUs with Triton >= 3.4, < 3.7.1 (its issue
+#640: wrong gradients at some shapes) unless tilelang is installed. Our train stage turns that guard
+off only after its own check has found the kernel's output and gradients within bounds of the
+reference at every layer shape of the model (videosft.kernels.gated_deltanet); ms-swift has no such
+check and stops at the guard. So that both trainers run the same kernel, ms-swift's process turns the
+guard off the same way (``--fla-hopper-guard off``, the default; the command line records it); with
+``keep`` a run on such a machine fails as a user's would, until Triton or tilelang is upgraded.
+
 Each step is timed by a callback (``STEP_TIMER``) between ``on_step_begin`` and ``on_step_end``,
 the device synchronized at both ends, with the tokens it read (the difference of transformers'
 ``num_input_tokens_seen``, padding-free so real tokens) and the peak allocated and reserved memory of
@@ -73,7 +81,7 @@ def default_lora() -> dict:
 
 # Run with ms-swift's interpreter: argv[1] the step log, the rest swift sft's arguments.
 STEP_TIMER = r'''
-import json, sys, time
+import json, os, sys, time
 import torch
 from swift.callbacks import callbacks_map
 from swift.callbacks.base import TrainerCallback
@@ -111,6 +119,13 @@ class StepTimer(TrainerCallback):
             self.log.flush()
 
 STEPS = sys.argv[1]
+if os.environ.get("PEER_FLA_HOPPER_GUARD") == "off":
+    try:
+        import fla.ops.common.chunk_o as chunk_o
+    except ImportError:  # no fla in this environment (a CPU smoke run): no guard to turn off
+        pass
+    else:
+        chunk_o.TRITON_ABOVE_3_7_1 = True  # as videosft.kernels.gated_deltanet.bypass_hopper_guard does
 callbacks_map["videosft_step_timer"] = StepTimer
 sft_main(sys.argv[2:] + ["--callbacks", "videosft_step_timer"])
 '''
@@ -206,12 +221,16 @@ def run_swift(opts, facts: dict, out: Path, settings: str) -> dict:
         env["PYTHONPATH"] = opts.swift_path
     if opts.device == "cpu":
         env["CUDA_VISIBLE_DEVICES"] = ""
+    if getattr(opts, "fla_hopper_guard", "off") == "off":
+        env["PEER_FLA_HOPPER_GUARD"] = "off"
     steps_file = run_dir / "steps.jsonl"
     command = [opts.swift_python, "-c", STEP_TIMER, str(steps_file), *args]
     started = time.perf_counter()
     with open(run_dir / "swift.log", "w") as log:
         code = subprocess.run(command, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=run_dir).returncode
     shown = " ".join(f"{key}={value}" for key, value in facts["env"].items())
+    if env.get("PEER_FLA_HOPPER_GUARD"):
+        shown += " (fla's Hopper guard off)"
     result = {"settings": settings, "returncode": code, "seconds": time.perf_counter() - started,
               "command": f"{shown} swift sft {' '.join(args)}", "log": str(run_dir / "swift.log")}
     if code == 0 and steps_file.exists():
@@ -265,6 +284,10 @@ def main(argv=None) -> int:
     parser.add_argument("--swift-python", default=sys.executable, help="an interpreter where ms-swift imports")
     parser.add_argument("--swift-path", help="ms-swift's PYTHONPATH, in place of ours: its own packages first, then "
                         "(joined by ':') a folder with flash-linear-attention and deepspeed for it to find")
+    parser.add_argument("--fla-hopper-guard", default="off", choices=["off", "keep"],
+                        help="off (default): run fla's gated backward on Hopper with Triton < 3.7.1 as our train "
+                        "stage does after its kernel check; keep: let fla refuse it (then ms-swift needs tilelang "
+                        "or Triton >= 3.7.1)")
     parser.add_argument("--lora", type=json.loads, default=None, help="LoRA as JSON (default: the config's)")
     parser.add_argument("--smoke", action="store_true", help="CPU: a tiny real-vocabulary Qwen3.5, 2 steps")
     opts = parser.parse_args(argv)

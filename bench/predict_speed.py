@@ -15,9 +15,11 @@ stage's own figure: windows over the wall time after the model's load. The stage
 that time into open, decode, preprocess (summed over its host threads, so they overlap) and generate;
 this tree's also times the kernels' checks at the first batch, which it leaves out of windows/s.
 
-Then, in this process, generation alone on one batch of ``--batch`` prompts, each part synchronized:
-the prefill (the forward over the prompts, vision tower included) and the mean of a decode step
-(``generate`` with N new tokens minus with 1, over N - 1). A table is printed last; everything goes to
+Then, in this process, generation alone on one batch of ``--batch`` prompts, each part synchronized,
+with the kernels transformers picks and then with those the stage binds: collating the prompts into a
+device batch, the prefill (the forward over the prompts, vision tower included) and the mean of a
+decode step (``generate`` with N new tokens minus with 1, over N - 1); on a GPU also a profile of
+``generate`` with 4 new tokens (the operators taking the most device and host time, in the JSON). A table is printed last; everything goes to
 OUT/predict_speed.json.
 """
 
@@ -30,6 +32,7 @@ import statistics
 import subprocess
 import sys
 import time
+import traceback
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -75,18 +78,20 @@ def run_predict(tree: Path, config: dict, out: Path, log: Path) -> dict:
 
 
 def generation_split(model_dir: Path, videos: Path, config: dict, batch: int, max_new_tokens: int) -> dict:
-    """Prefill and decode-step seconds of one batch, generated alone (this tree's code)."""
+    """Prefill and decode-step seconds of one batch, generated alone (this tree's code), first with the kernels
+    transformers picks, then with those the stage binds (``selection.for_generation``); and a profile of a few
+    decode steps with the bound kernels, the operators that take the most host and device time."""
     import torch
     from transformers import AutoProcessor
 
     from videosft import config as config_lib
     from videosft.data.rejects import Rejects
+    from videosft.data.windows import new_video_windows
     from videosft.encoding.prompts import window_prompts
     from videosft.evaluation.generation import greedy_answers
-    from videosft.kernels import autotune
-    from videosft.models.loading import load_model
-    from videosft.data.windows import new_video_windows
+    from videosft.kernels import autotune, selection
     from videosft.media.video import VideoFile
+    from videosft.models.loading import load_model
     from videosft.training.batches import collate
 
     cfg = config_lib.for_stage("predict", config)
@@ -119,19 +124,40 @@ def generation_split(model_dir: Path, videos: Path, config: dict, batch: int, ma
         return statistics.median(times)
 
     tokenizer, video_processor = processor.tokenizer, processor.video_processor
-    batch_tensors = {k: v.to(model.device) for k, v in
-                     collate(prompts, tokenizer.pad_token_id or 0, video_processor, left=True).items() if k != "labels"}
 
-    def prefill():
-        with torch.no_grad():
-            model(**batch_tensors, use_cache=True, logits_to_keep=1)
+    def device_batch():
+        return {k: v.to(model.device) for k, v in
+                collate(prompts, tokenizer.pad_token_id or 0, video_processor, left=True).items() if k != "labels"}
 
-    one = timed(lambda: greedy_answers(model, prompts, tokenizer, video_processor, 1, batch_size=batch))
-    many = timed(lambda: greedy_answers(model, prompts, tokenizer, video_processor, max_new_tokens, batch_size=batch))
-    return {"batch": batch, "prompt_tokens": [len(p["input_ids"]) for p in prompts], "prefill_seconds": timed(prefill),
-            "generate_1_seconds": one, f"generate_{max_new_tokens}_seconds": many,
-            "decode_step_seconds": (many - one) / (max_new_tokens - 1),
-            "peak_allocated_gib": torch.cuda.max_memory_allocated() / 2**30 if model.device.type == "cuda" else 0.0}
+    def split() -> dict:
+        tensors = device_batch()
+
+        def prefill():
+            with torch.no_grad():
+                model(**tensors, use_cache=True, logits_to_keep=1)
+
+        one = timed(lambda: greedy_answers(model, prompts, tokenizer, video_processor, 1, batch_size=batch))
+        many = timed(lambda: greedy_answers(model, prompts, tokenizer, video_processor, max_new_tokens,
+                                            batch_size=batch))
+        return {"collate_seconds": timed(device_batch), "prefill_seconds": timed(prefill), "generate_1_seconds": one,
+                f"generate_{max_new_tokens}_seconds": many, "decode_step_seconds": (many - one) / (max_new_tokens - 1)}
+
+    result = {"batch": batch, "prompt_tokens": [len(p["input_ids"]) for p in prompts],
+              "kernels": {}}
+    result["kernels"]["transformers"] = split()
+    bound = selection.for_generation(model, model.device, max(len(p["input_ids"]) for p in prompts))
+    result["kernels"]["bound"] = {**split(), "bound": {k: str(v) for k, v in bound.items()}}
+    if model.device.type == "cuda":
+        from torch.profiler import ProfilerActivity, profile
+
+        greedy_answers(model, prompts, tokenizer, video_processor, 4, batch_size=batch)
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            greedy_answers(model, prompts, tokenizer, video_processor, 4, batch_size=batch)
+        averages = prof.key_averages()
+        result["profile_4_tokens"] = {"by_device": averages.table(sort_by="self_cuda_time_total", row_limit=25),
+                                      "by_host": averages.table(sort_by="self_cpu_time_total", row_limit=25)}
+    result["peak_allocated_gib"] = torch.cuda.max_memory_allocated() / 2**30 if model.device.type == "cuda" else 0.0
+    return result
 
 
 def main() -> None:
@@ -177,7 +203,11 @@ def main() -> None:
                 (args.out / "predict_speed.json").write_text(json.dumps(results, indent=1))
     if not args.no_split:
         config = overrides(model, videos, args.frames, max(args.batch), args.max_new_tokens, None)
-        results["generation_split"] = generation_split(model, videos, config, max(args.batch), args.max_new_tokens)
+        try:
+            results["generation_split"] = generation_split(model, videos, config, max(args.batch), args.max_new_tokens)
+        except Exception:  # the stage's figures above still reach the table
+            results["generation_split_failed"] = traceback.format_exc()
+            print(results["generation_split_failed"], file=sys.stderr)
     (args.out / "predict_speed.json").write_text(json.dumps(results, indent=1))
     print_table(results)
 
@@ -198,8 +228,11 @@ def print_table(results: dict) -> None:
     split = results.get("generation_split")
     if split:
         print(f"one batch of {split['batch']} prompts ({min(split['prompt_tokens'])}-{max(split['prompt_tokens'])} "
-              f"tokens): prefill {split['prefill_seconds']:.3f} s, decode step {split['decode_step_seconds'] * 1e3:.1f} ms, "
-              f"generate 1 token {split['generate_1_seconds']:.3f} s; peak {split['peak_allocated_gib']:.1f} GiB")
+              f"tokens), generated alone; peak {split['peak_allocated_gib']:.1f} GiB")
+        print("kernels | collate + copy s | prefill s | generate 1 token s | decode step ms")
+        for name, part in split["kernels"].items():
+            print(f"{name} | {part['collate_seconds']:.3f} | {part['prefill_seconds']:.3f} | "
+                  f"{part['generate_1_seconds']:.3f} | {part['decode_step_seconds'] * 1e3:.1f}")
 
 
 if __name__ == "__main__":
