@@ -36,18 +36,17 @@ def test_on_gloo_zero3_gathers_one_weight_at_a_time_unless_the_file_says(tmp_pat
         "zero_optimization"]["stage3_allgather_sequential"] is False
 
 
-def test_on_gloo_every_rank_fetches_a_modules_parameters_in_the_same_order(monkeypatch):
-    """DeepSpeed lists the parameters to fetch in a set (the order of addresses, per process); on gloo, one
-    all-gather each, two orders hang the ranks (setup.gather_in_parameter_order). A CPU rank's start puts the
-    ds_id order in place on DeepSpeed's own fetch method, once; a DeepSpeed that renamed it fails here."""
+def test_on_gloo_a_weight_fetch_has_one_all_gather_in_flight(monkeypatch):
+    """A CPU rank's start makes DeepSpeed's fetch all-gather wait for itself (setup.one_gather_at_a_time), once:
+    what it hands back is finished and holds every rank's part; a DeepSpeed that renamed it fails here."""
     import socket
 
     import deepspeed
     import torch
     from deepspeed.comm import comm
-    from deepspeed.runtime.zero.partitioned_param_coordinator import PartitionedParameterCoordinator
+    from deepspeed.runtime.zero import partition_parameters
 
-    from videosft.training.setup import SHM_COMM_OP, end_distributed, gather_in_parameter_order, init_distributed
+    from videosft.training.setup import SHM_COMM_OP, end_distributed, init_distributed, one_gather_at_a_time
 
     with socket.socket() as probe:  # a free port for this one-rank process group
         probe.bind(("127.0.0.1", 0))
@@ -59,12 +58,18 @@ def test_on_gloo_every_rank_fetches_a_modules_parameters_in_the_same_order(monke
     monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
     monkeypatch.setattr(comm, "cdb", comm.cdb)
     monkeypatch.setitem(deepspeed.ops.__compatible_ops__, SHM_COMM_OP, deepspeed.ops.__compatible_ops__.get(SHM_COMM_OP))
+    monkeypatch.setattr(partition_parameters, "_dist_allgather_fn", partition_parameters._dist_allgather_fn)
     with torch.random.fork_rng():
         init_distributed(seed=0, timeout_s=60)
-    end_distributed()
-    fetch = PartitionedParameterCoordinator._PartitionedParameterCoordinator__all_gather_params
-    assert fetch.in_parameter_order and fetch.__code__.co_name == "gather_in_order"
-    assert gather_in_parameter_order() is False  # in place already: not wrapped twice
+    try:
+        fetch = partition_parameters._dist_allgather_fn
+        assert fetch.waits and fetch.__code__.co_name == "start_and_wait"
+        assert one_gather_at_a_time() is False  # in place already: not wrapped twice
+        part, whole = torch.arange(5.0), torch.zeros(5)
+        handle = fetch(part, whole)
+        assert handle.is_completed() and whole.equal(part)
+    finally:
+        end_distributed()
 
 
 @pytest.mark.parametrize("zero, extra, message", [

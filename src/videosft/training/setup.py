@@ -40,7 +40,7 @@ def init_distributed(seed: int, timeout_s: int) -> int:
         # On CPU, DeepSpeed compiles a shared-memory C++ op on first use (30 s, minutes on a loaded
         # machine) that only its tensor-parallel inference all-reduce calls; training needs gloo alone.
         deepspeed.ops.__compatible_ops__[SHM_COMM_OP] = False
-        gather_in_parameter_order()
+        one_gather_at_a_time()
     deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo",
                                timeout=dt.timedelta(seconds=timeout_s))
     return torch.distributed.get_rank()
@@ -82,8 +82,9 @@ def deepspeed_config(path: Path, train_cfg: View, world: int, precision: str, ba
         # ZeRO-3 gathers the small persistent weights after each step as one asynchronous all-gather per
         # weight; on gloo that many in flight at once can leave every rank waiting in those gathers for
         # good, past the process-group timeout, while two ranks' gloo threads spin at 100% CPU (seen
-        # with 4 ranks on 2 cores, py-spy: all ranks in _allgather_params_coalesced). One at a time
-        # on CPU, where nothing overlaps anyway; a value in the file wins.
+        # with 4 ranks on 2 cores, py-spy: all ranks in _allgather_params_coalesced). One blocking
+        # all-gather at a time on CPU, where nothing overlaps anyway (a module's fetch: see
+        # one_gather_at_a_time); a value in the file wins.
         ds["zero_optimization"].setdefault("stage3_allgather_sequential", True)
     leftover = [key for key, value in ds.items() if value == "auto"]
     if leftover:
@@ -91,28 +92,31 @@ def deepspeed_config(path: Path, train_cfg: View, world: int, precision: str, ba
     return ds
 
 
-def gather_in_parameter_order() -> bool:
-    """Make ZeRO-3 fetch a module's parameters in the order of their ids (``ds_id``), the same on every rank.
+def one_gather_at_a_time() -> bool:
+    """On gloo, let each ZeRO-3 weight fetch's all-gather finish before the next one starts.
 
-    DeepSpeed 0.19 collects the parameters a module needs in a set, whose order follows the objects'
-    addresses in each process, and gathers them in that order. With one all-gather per parameter (gloo:
-    ``stage3_allgather_sequential`` in :func:`deepspeed_config`), two ranks that list a whole block's parameters in different orders wait for good in mismatched
-    all-gathers, past the process-group timeout: seen once, 4 ranks on 2 cores, every rank in
-    ``MultipleAllGatherHandles.wait`` of a forward fetch for over 10 minutes. Returns whether it was put in
-    place now (False: already)."""
-    from deepspeed.runtime.zero import partitioned_param_coordinator
+    With ``stage3_allgather_sequential`` (:func:`deepspeed_config`) DeepSpeed 0.19 gathers the weights
+    after a step one blocking all-gather at a time, but a module's fetch in the forward and backward still
+    starts one asynchronous all-gather per weight (``_dist_allgather_fn``) and waits for them afterwards:
+    a whole block's twenty-odd gloo collectives in flight at once, each run on gloo's own threads with no
+    order between them. That is the state every rank was found in when four CPU ranks on two cores hung
+    for over 10 minutes (py-spy: all in ``MultipleAllGatherHandles.wait`` of a forward fetch), as the
+    weights after a step had been before they went one at a time. Waiting for each where it starts
+    leaves one collective in flight; on CPU nothing overlaps with it anyway. Returns whether it was put
+    in place now (False: already)."""
+    from deepspeed.runtime.zero import partition_parameters
 
-    coordinator = partitioned_param_coordinator.PartitionedParameterCoordinator
-    name = "_PartitionedParameterCoordinator__all_gather_params"  # the method fetch and prefetch call
-    gather = getattr(coordinator, name)
-    if getattr(gather, "in_parameter_order", False):
+    start = partition_parameters._dist_allgather_fn
+    if getattr(start, "waits", False):
         return False
 
-    def gather_in_order(self, params, forward: bool):
-        return gather(self, sorted(params, key=lambda param: param.ds_id), forward)
+    def start_and_wait(input_tensor, output_tensor, group=None):
+        handle = start(input_tensor, output_tensor, group=group)
+        handle.wait()
+        return handle  # DeepSpeed waits on it again: a finished gloo work returns at once
 
-    gather_in_order.in_parameter_order = True
-    setattr(coordinator, name, gather_in_order)
+    start_and_wait.waits = True
+    partition_parameters._dist_allgather_fn = start_and_wait
     return True
 
 
