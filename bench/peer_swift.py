@@ -52,6 +52,14 @@ check and stops at the guard. So that both trainers run the same kernel, ms-swif
 guard off the same way (``--fla-hopper-guard off``, the default; the command line records it); with
 ``keep`` a run on such a machine fails as a user's would, until Triton or tilelang is upgraded.
 
+fla autotunes each kernel the first time it meets a key, and some keys follow the sequence length: on
+a fresh machine ms-swift's first step at 128 frames took 146 s, and on windows of mixed lengths a new
+length can autotune inside a timed step (about 20 s each). Our runs restore fla's choices from the table
+committed for the GPU model (videosft.kernels.autotune, nearest choice for a new length); so that the
+steps compare the trainers rather than when each autotunes, ms-swift's process restores the same table
+before it trains (``--autotune ours``, the default, recorded in its command line; ``own`` lets it
+autotune as its users' runs do).
+
 Each step is timed by a callback (``STEP_TIMER``) between ``on_step_begin`` and ``on_step_end``,
 the device synchronized at both ends, with the tokens it read (the difference of transformers'
 ``num_input_tokens_seen``, padding-free so real tokens) and the peak allocated and reserved memory of
@@ -128,6 +136,10 @@ if os.environ.get("PEER_FLA_HOPPER_GUARD") == "off":
         pass
     else:
         chunk_o.TRITON_ABOVE_3_7_1 = True  # as videosft.kernels.gated_deltanet.bypass_hopper_guard does
+if os.environ.get("PEER_AUTOTUNE_SRC") and torch.cuda.is_available():
+    sys.path.append(os.environ["PEER_AUTOTUNE_SRC"])  # after ms-swift's own packages: only videosft comes from it
+    from videosft.kernels import autotune
+    print("fla's kernel choices:", autotune.summary(autotune.apply(torch.device("cuda"))), flush=True)
 callbacks_map["videosft_step_timer"] = StepTimer
 sft_main(sys.argv[2:] + ["--callbacks", "videosft_step_timer"])
 '''
@@ -233,6 +245,8 @@ def run_swift(opts, facts: dict, out: Path, settings: str) -> dict:
         env["CUDA_VISIBLE_DEVICES"] = ""
     if getattr(opts, "fla_hopper_guard", "off") == "off":
         env["PEER_FLA_HOPPER_GUARD"] = "off"
+    if getattr(opts, "autotune", "ours") == "ours":
+        env["PEER_AUTOTUNE_SRC"] = str(ROOT / "src")
     steps_file = run_dir / "steps.jsonl"
     command = [opts.swift_python, "-c", STEP_TIMER, str(steps_file), *args]
     started = time.perf_counter()
@@ -241,6 +255,8 @@ def run_swift(opts, facts: dict, out: Path, settings: str) -> dict:
     shown = " ".join(f"{key}={value}" for key, value in facts["env"].items())
     if env.get("PEER_FLA_HOPPER_GUARD"):
         shown += " (fla's Hopper guard off)"
+    if env.get("PEER_AUTOTUNE_SRC"):
+        shown += " (fla's choices from our autotune table)"
     result = {"settings": settings, "returncode": code, "seconds": time.perf_counter() - started,
               "command": f"{shown} swift sft {' '.join(args)}", "log": str(run_dir / "swift.log")}
     if code == 0 and steps_file.exists():
@@ -300,6 +316,9 @@ def main(argv=None) -> int:
                         help="off (default): run fla's gated backward on Hopper with Triton < 3.7.1 as our train "
                         "stage does after its kernel check; keep: let fla refuse it (then ms-swift needs tilelang "
                         "or Triton >= 3.7.1)")
+    parser.add_argument("--autotune", default="ours", choices=["ours", "own"],
+                        help="ours (default): fla's kernel choices from our committed table for this GPU model, as "
+                        "our runs have them; own: ms-swift's fla autotunes each new key, inside the timed steps")
     parser.add_argument("--lora", type=json.loads, default=None, help="LoRA as JSON (default: the config's)")
     parser.add_argument("--smoke", action="store_true", help="CPU: a tiny real-vocabulary Qwen3.5, 2 steps")
     opts = parser.parse_args(argv)
