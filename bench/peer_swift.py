@@ -89,7 +89,8 @@ def default_lora() -> dict:
 
     return config_lib.resolve({})["lora"]
 
-# Run with ms-swift's interpreter: argv[1] the step log, the rest swift sft's arguments.
+# Run with ms-swift's interpreter: argv[1] the step log, the rest swift sft's arguments. videosft's kernel
+# helpers (fla's Hopper guard, our autotune table) come from this tree's src, after ms-swift's packages.
 STEP_TIMER = r'''
 import json, os, sys, time
 import torch
@@ -129,16 +130,11 @@ class StepTimer(TrainerCallback):
             self.log.flush()
 
 STEPS = sys.argv[1]
-if os.environ.get("PEER_FLA_HOPPER_GUARD") == "off":
-    try:
-        import fla.ops.common.chunk_o as chunk_o
-    except ImportError:  # no fla in this environment (a CPU smoke run): no guard to turn off
-        pass
-    else:
-        chunk_o.TRITON_ABOVE_3_7_1 = True  # as videosft.kernels.gated_deltanet.bypass_hopper_guard does
-if os.environ.get("PEER_AUTOTUNE_SRC") and torch.cuda.is_available():
-    sys.path.append(os.environ["PEER_AUTOTUNE_SRC"])  # after ms-swift's own packages: only videosft comes from it
-    from videosft.kernels import autotune
+sys.path.append(os.environ["PEER_VIDEOSFT_SRC"])  # after ms-swift's own packages: only videosft comes from it
+from videosft.kernels import autotune, gated_deltanet
+if os.environ.get("PEER_FLA_HOPPER_GUARD") == "off" and gated_deltanet.fla_status()["importable"]:
+    gated_deltanet.bypass_hopper_guard()
+if os.environ.get("PEER_AUTOTUNE") == "ours" and torch.cuda.is_available():
     print("fla's kernel choices:", autotune.summary(autotune.apply(torch.device("cuda"))), flush=True)
 callbacks_map["videosft_step_timer"] = StepTimer
 sft_main(sys.argv[2:] + ["--callbacks", "videosft_step_timer"])
@@ -243,19 +239,17 @@ def run_swift(opts, facts: dict, out: Path, settings: str) -> dict:
         env["PYTHONPATH"] = opts.swift_path
     if opts.device == "cpu":
         env["CUDA_VISIBLE_DEVICES"] = ""
-    if getattr(opts, "fla_hopper_guard", "off") == "off":
-        env["PEER_FLA_HOPPER_GUARD"] = "off"
-    if getattr(opts, "autotune", "ours") == "ours":
-        env["PEER_AUTOTUNE_SRC"] = str(ROOT / "src")
+    env.update(PEER_VIDEOSFT_SRC=str(ROOT / "src"), PEER_FLA_HOPPER_GUARD=getattr(opts, "fla_hopper_guard", "off"),
+               PEER_AUTOTUNE=getattr(opts, "autotune", "ours"))
     steps_file = run_dir / "steps.jsonl"
     command = [opts.swift_python, "-c", STEP_TIMER, str(steps_file), *args]
     started = time.perf_counter()
     with open(run_dir / "swift.log", "w") as log:
         code = subprocess.run(command, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=run_dir).returncode
     shown = " ".join(f"{key}={value}" for key, value in facts["env"].items())
-    if env.get("PEER_FLA_HOPPER_GUARD"):
+    if env["PEER_FLA_HOPPER_GUARD"] == "off":
         shown += " (fla's Hopper guard off)"
-    if env.get("PEER_AUTOTUNE_SRC"):
+    if env["PEER_AUTOTUNE"] == "ours":
         shown += " (fla's choices from our autotune table)"
     result = {"settings": settings, "returncode": code, "seconds": time.perf_counter() - started,
               "command": f"{shown} swift sft {' '.join(args)}", "log": str(run_dir / "swift.log")}

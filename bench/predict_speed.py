@@ -19,8 +19,8 @@ Then, in this process, generation alone on one batch of ``--batch`` prompts, eac
 with the kernels transformers picks and then with those the stage binds: collating the prompts into a
 device batch, the prefill (the forward over the prompts, vision tower included) and the mean of a
 decode step (``generate`` with N new tokens minus with 1, over N - 1); on a GPU also a profile of
-``generate`` with 4 new tokens (the operators taking the most device and host time, in the JSON). A table is printed last; everything goes to
-OUT/predict_speed.json.
+``generate`` with 4 new tokens (the operators taking the most device and host time, in the JSON). A
+table is printed last; everything goes to OUT/predict_speed.json.
 """
 
 from __future__ import annotations
@@ -142,8 +142,7 @@ def generation_split(model_dir: Path, videos: Path, config: dict, batch: int, ma
         return {"collate_seconds": timed(device_batch), "prefill_seconds": timed(prefill), "generate_1_seconds": one,
                 f"generate_{max_new_tokens}_seconds": many, "decode_step_seconds": (many - one) / (max_new_tokens - 1)}
 
-    result = {"batch": batch, "prompt_tokens": [len(p["input_ids"]) for p in prompts],
-              "kernels": {}}
+    result = {"batch": batch, "prompt_tokens": [len(p["input_ids"]) for p in prompts], "kernels": {}}
     result["kernels"]["transformers"] = split()
     bound = selection.for_generation(model, model.device, max(len(p["input_ids"]) for p in prompts))
     result["kernels"]["bound"] = {**split(), "bound": {k: str(v) for k, v in bound.items()}}
