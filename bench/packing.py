@@ -79,6 +79,7 @@ ours / ms-swift for each of our modes. What the comparison is not:
   to shard, yet ZeRO-3's hooks still fetch and release every layer's weights around each forward,
   recomputation and backward, which costs ms-swift step time (and adds its buffers to its reserved
   memory). The ratios here therefore favour ours beyond the trainers' own differences;
+  ``--swift-deepspeed none`` runs ms-swift without DeepSpeed too (like for like), and
   ``bench/train_throughput.py --trainers ours swift`` (128 frames, one window) is the
   DeepSpeed-to-DeepSpeed comparison.
 * ms-swift's step time runs from ``on_step_begin`` to ``on_step_end`` (its batch is fetched before);
@@ -484,7 +485,7 @@ def run_swift_mode(order: list[int], rows, model_dir: Path, merge_size: int, dev
     options = argparse.Namespace(model=model_dir, steps=len(order), lora=peer_swift.default_lora(),
                                  device="cpu" if device.type == "cpu" else "cuda", max_length=max(65536, 2 * longest),
                                  swift_python=opts.swift_python, swift_path=opts.swift_path,
-                                 fla_hopper_guard=opts.fla_hopper_guard)
+                                 fla_hopper_guard=opts.fla_hopper_guard, deepspeed=opts.swift_deepspeed)
     run = peer_swift.run_swift(options, facts, data, "ours")
     if run["returncode"] != 0 or not run.get("steps"):
         log = Path(run["log"]).read_text()[-3000:] if Path(run["log"]).exists() else ""
@@ -511,7 +512,8 @@ def run_swift_mode(order: list[int], rows, model_dir: Path, merge_size: int, dev
             # a timed step far above the median (fla autotuning a new shape in its process, say) weighs on its
             # tokens/s as on ours: shown beside the result
             "slowest_timed_step": {"step": slowest, "seconds": run["seconds_per_step"][slowest]},
-            "deepspeed": "zero3" if gpu else None, "command": run["command"],
+            "deepspeed": opts.swift_deepspeed if gpu and opts.swift_deepspeed != "none" else None,
+            "command": run["command"],
             "wall_seconds": run["seconds"], "log": run["log"]}
 
 
@@ -542,7 +544,7 @@ def swift_ratios(results: list[dict], swift: dict) -> list[str]:
             "more per window). Unpacked "
             "(its packing needs flash-attention), "
             + ("under DeepSpeed ZeRO-3 on one GPU while our modes run without DeepSpeed: the ratios favour ours by "
-               "ZeRO-3's gathers (module docstring)" if swift["deepspeed"] else "on the CPU, without DeepSpeed")
+               "ZeRO-3's gathers (module docstring)" if swift["deepspeed"] else "without DeepSpeed, as our modes")
             + "; our step time includes our data wait, its does not include its batch fetch."]
 
 
@@ -572,6 +574,9 @@ def main(argv=None) -> int:
     parser.add_argument("--swift-path", help="ms-swift's PYTHONPATH, in place of ours (bench/peer_swift.py)")
     parser.add_argument("--fla-hopper-guard", default="off", choices=["off", "keep"],
                         help="bench/peer_swift.py's: off runs fla's gated backward in ms-swift as our modes do")
+    parser.add_argument("--swift-deepspeed", default="zero3", choices=["zero3", "none"],
+                        help="ms-swift under ZeRO-3 as the train stage runs (default), or without DeepSpeed as "
+                        "this script's modes run")
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--no-checkpointing", dest="checkpointing", action="store_false",
                         help="train without gradient checkpointing (train.gradient_checkpointing: false)")

@@ -136,6 +136,9 @@ if os.environ.get("PEER_FLA_HOPPER_GUARD") == "off" and gated_deltanet.fla_statu
     gated_deltanet.bypass_hopper_guard()
 if os.environ.get("PEER_AUTOTUNE") == "ours" and torch.cuda.is_available():
     print("fla's kernel choices:", autotune.summary(autotune.apply(torch.device("cuda"))), flush=True)
+if float(os.environ.get("PEER_MEMORY_CAP_GIB") or 0) and torch.cuda.is_available():  # a simulated smaller card
+    total = torch.cuda.get_device_properties(0).total_memory
+    torch.cuda.set_per_process_memory_fraction(min(1.0, float(os.environ["PEER_MEMORY_CAP_GIB"]) * 2**30 / total))
 callbacks_map["videosft_step_timer"] = StepTimer
 sft_main(sys.argv[2:] + ["--callbacks", "videosft_step_timer"])
 '''
@@ -203,8 +206,9 @@ def export_rows(rows: list[dict], merge_size: int, out: Path, source: str = "the
 
 
 def swift_arguments(model: Path, model_type: str, dataset: Path, out: Path, settings: str, steps: int,
-                    lora: dict, device: str, max_length: int) -> list[str]:
-    """`swift sft`'s arguments for ``settings`` (module docstring)."""
+                    lora: dict, device: str, max_length: int, deepspeed: str | None = None) -> list[str]:
+    """`swift sft`'s arguments for ``settings`` (module docstring); ``deepspeed`` ("zero2", "zero3" or
+    "none") in place of the settings' own stage on a GPU."""
     args = ["--model", str(model), "--model_type", model_type, "--template", model_type, "--check_model", "false",
             "--dataset", str(dataset), "--tuner_type", "lora", "--lora_rank", str(lora["r"]),
             "--lora_alpha", str(lora["alpha"]), "--lora_dropout", str(lora["dropout"]),
@@ -217,7 +221,8 @@ def swift_arguments(model: Path, model_type: str, dataset: Path, out: Path, sett
     if device == "cpu":
         args += ["--torch_dtype", "float32", "--use_cpu", "true"]
     else:
-        args += ["--torch_dtype", "bfloat16", "--deepspeed", "zero3" if settings == "ours" else "zero2"]
+        stage = deepspeed or ("zero3" if settings == "ours" else "zero2")
+        args += ["--torch_dtype", "bfloat16"] + (["--deepspeed", stage] if stage != "none" else [])
     if settings == "recommended":
         args += ["--attn_impl", "flash_attn", "--packing", "true", "--use_liger_kernel", "true"]
     else:
@@ -231,7 +236,7 @@ def run_swift(opts, facts: dict, out: Path, settings: str) -> dict:
     run_dir = out / settings
     run_dir.mkdir(parents=True, exist_ok=True)
     args = swift_arguments(opts.model, model_type, out / "swift.jsonl", run_dir / "output", settings, opts.steps,
-                           opts.lora, opts.device, opts.max_length)
+                           opts.lora, opts.device, opts.max_length, getattr(opts, "deepspeed", None))
     env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
     env.update(facts["env"], HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1",
                MODELSCOPE_OFFLINE="1")
@@ -240,7 +245,8 @@ def run_swift(opts, facts: dict, out: Path, settings: str) -> dict:
     if opts.device == "cpu":
         env["CUDA_VISIBLE_DEVICES"] = ""
     env.update(PEER_VIDEOSFT_SRC=str(ROOT / "src"), PEER_FLA_HOPPER_GUARD=getattr(opts, "fla_hopper_guard", "off"),
-               PEER_AUTOTUNE=getattr(opts, "autotune", "ours"))
+               PEER_AUTOTUNE=getattr(opts, "autotune", "ours"),
+               PEER_MEMORY_CAP_GIB=str(getattr(opts, "memory_cap_gib", 0.0) or ""))
     steps_file = run_dir / "steps.jsonl"
     command = [opts.swift_python, "-c", STEP_TIMER, str(steps_file), *args]
     started = time.perf_counter()
@@ -251,6 +257,8 @@ def run_swift(opts, facts: dict, out: Path, settings: str) -> dict:
         shown += " (fla's Hopper guard off)"
     if env["PEER_AUTOTUNE"] == "ours":
         shown += " (fla's choices from our autotune table)"
+    if env["PEER_MEMORY_CAP_GIB"]:
+        shown += f" (under a simulated {env['PEER_MEMORY_CAP_GIB']} GiB card: torch.cuda.set_per_process_memory_fraction)"
     result = {"settings": settings, "returncode": code, "seconds": time.perf_counter() - started,
               "command": f"{shown} swift sft {' '.join(args)}", "log": str(run_dir / "swift.log")}
     if code == 0 and steps_file.exists():
@@ -313,6 +321,9 @@ def main(argv=None) -> int:
     parser.add_argument("--autotune", default="ours", choices=["ours", "own"],
                         help="ours (default): fla's kernel choices from our committed table for this GPU model, as "
                         "our runs have them; own: ms-swift's fla autotunes each new key, inside the timed steps")
+    parser.add_argument("--memory-cap-gib", type=float, default=0.0,
+                        help="a simulated card of this size (torch.cuda.set_per_process_memory_fraction), as "
+                        "train.memory_cap_gib does for ours")
     parser.add_argument("--lora", type=json.loads, default=None, help="LoRA as JSON (default: the config's)")
     parser.add_argument("--smoke", action="store_true", help="CPU: a tiny real-vocabulary Qwen3.5, 2 steps")
     opts = parser.parse_args(argv)

@@ -202,6 +202,8 @@ TRAINERS = {
     # ms-swift (bench/peer_swift.py), one GPU
     "swift": {"kind": "swift", "settings": "ours"},
     "swift-recommended": {"kind": "swift", "settings": "recommended"},
+    # one GPU's users of ms-swift run it without DeepSpeed: nothing to shard, no ZeRO-3 hooks
+    "swift-no-deepspeed": {"kind": "swift", "settings": "ours", "deepspeed": "none"},
 }
 RUN_ESTIMATE_S = {"plain": 100, "savvy": 60}  # what one run needs, to skip runs past --deadline-s (others: 70)
 
@@ -264,7 +266,7 @@ class Bench:
         manifest = data / "manifest.json"
         spec = TRAINERS[name]
         if spec["kind"] == "swift":
-            return self.run_swift(name, spec, frames, steps, manifest)
+            return self.run_swift(name, spec, frames, steps, manifest, limit_gib)
         ds_file = deepspeed_file(name, self.args.work)
         out = self.args.work / f"{name}-{frames}-{limit_gib:g}"
         shutil.rmtree(out, ignore_errors=True)
@@ -324,8 +326,9 @@ class Bench:
                                                                 else ds_file.name),
                 "wall_seconds": wall, "limit_gib": limit_gib, "steps": steps}
 
-    def run_swift(self, name: str, spec: dict, frames: int, steps: int, manifest: Path) -> dict:
-        """ms-swift on the same train samples, summarized as the other trainers are (one GPU)."""
+    def run_swift(self, name: str, spec: dict, frames: int, steps: int, manifest: Path, limit_gib: float = 0.0) -> dict:
+        """ms-swift on the same train samples, summarized as the other trainers are (one GPU), under a
+        simulated card of ``limit_gib`` as ours runs under ``train.memory_cap_gib``."""
         import peer_swift
         import torch
 
@@ -333,15 +336,16 @@ class Bench:
 
         if self.args.gpus != 1:
             return {"skipped": "ms-swift runs on one GPU here (--gpus 1)"}
-        work = self.args.work / f"{name}-{frames}"
+        work = self.args.work / f"{name}-{frames}-{limit_gib:g}"
         facts = peer_swift.export(manifest, "train", work)
         device = "cuda" if torch.cuda.is_available() else "cpu"
         options = argparse.Namespace(model=self.model_dir, steps=steps, lora=peer_swift.default_lora(), device=device,
-                                     max_length=65536, swift_python=self.args.swift_python, swift_path=self.args.swift_path)
+                                     max_length=65536, swift_python=self.args.swift_python, swift_path=self.args.swift_path,
+                                     memory_cap_gib=limit_gib, deepspeed=spec.get("deepspeed"))
         run = peer_swift.run_swift(options, facts, work, spec["settings"])
         if run["returncode"] != 0 or not run.get("steps"):
-            log = Path(run["log"]).read_text()[-1500:] if Path(run["log"]).exists() else ""
-            return {"failed": log, "out_of_memory": "out of memory" in log.lower(), "command": run["command"]}
+            log = Path(run["log"]).read_text() if Path(run["log"]).exists() else ""
+            return {"failed": log[-1500:], "out_of_memory": "out of memory" in log.lower(), "command": run["command"]}
         sample = read_samples(manifest, "train", ["input_tokens", "visual_tokens"])[0]
         per_rank = {0: {key: run[key] for key in ("tokens_per_second", "step_seconds", "peak_allocated_gib",
                                                   "peak_reserved_gib")}}
@@ -388,7 +392,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", type=Path, required=True)
     parser.add_argument("--frames", type=int, nargs="+", default=[128])
-    parser.add_argument("--trainers", nargs="+", default=["ours", "savvy", "plain", "ours-tuned"],
+    parser.add_argument("--trainers", nargs="*", default=["ours", "savvy", "plain", "ours-tuned"],
                         choices=list(TRAINERS))
     parser.add_argument("--gpus", type=int, default=2)
     parser.add_argument("--steps", type=int, default=4)
@@ -523,7 +527,7 @@ def print_table(results: dict) -> None:
         for name, facts in run.items():
             print(line(frames, name, facts, plain, savvy))
         ours = run.get("ours", {}).get("tokens_per_second")
-        for name in ("swift", "swift-recommended"):
+        for name in (n for n, spec in TRAINERS.items() if spec["kind"] == "swift"):
             theirs = run.get(name, {}).get("tokens_per_second")
             if ours and theirs:
                 print(f"  ours / {name}: {ours / theirs:.2f}x tokens/s per GPU (tokens per step: ours "

@@ -102,3 +102,34 @@ def test_the_summary_leaves_out_the_first_step_and_merges_losses(tmp_path):
     assert summary["tokens_per_second"] == 150.0 and summary["step_seconds"] == 0.75
     assert summary["tokens_per_step"] == [100] * 3 and summary["seconds_per_step"] == [5.0, 1.0, 0.5]
     assert (summary["peak_allocated_gib"], summary["peak_reserved_gib"]) == (3.5, 4.5)
+
+
+def test_a_simulated_card_reaches_ms_swift_s_process_and_its_command(tmp_path):
+    # ms-swift itself is not installed here: a stand-in interpreter records what its process is given
+    seen = tmp_path / "seen.json"
+    stand_in = tmp_path / "python"
+    stand_in.write_text(f"#!{sys.executable}\nimport json, os, sys\n"
+                        f"json.dump({{'cap': os.environ.get('PEER_MEMORY_CAP_GIB'), 'argv': sys.argv[1:]}}, "
+                        f"open({str(seen)!r}, 'w'))\n")
+    stand_in.chmod(0o755)
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text(json.dumps({"model_type": "qwen3_5"}))
+    facts = {"env": {"FPS": "1"}}
+    lora = {"r": 8, "alpha": 16, "dropout": 0.05, "target_modules": ["q_proj", "v_proj"]}
+    for cap, expected in ((12.0, "12.0"), (0.0, "")):
+        opts = argparse.Namespace(model=tmp_path / "model", steps=2, lora=lora, device="cuda", max_length=4096,
+                                  swift_python=str(stand_in), swift_path=None, memory_cap_gib=cap)
+        run = peer_swift.run_swift(opts, facts, tmp_path / f"out{cap:g}", "ours")
+        recorded = json.loads(seen.read_text())
+        assert run["returncode"] == 0 and recorded["cap"] == expected
+        assert recorded["argv"][0] == "-c" and "set_per_process_memory_fraction" in recorded["argv"][1]
+        assert ("simulated 12.0 GiB card" in run["command"]) == bool(cap)
+
+
+def test_ms_swift_runs_without_deepspeed_when_asked_as_one_gpu_s_users_run_it(tmp_path):
+    lora = {"r": 8, "alpha": 16, "dropout": 0.05, "target_modules": ["q_proj", "v_proj"]}
+    bare = peer_swift.swift_arguments(Path("m"), "qwen3_5", Path("d"), tmp_path, "ours", 8, lora, "cuda", 4096, "none")
+    staged = peer_swift.swift_arguments(Path("m"), "qwen3_5", Path("d"), tmp_path, "ours", 8, lora, "cuda", 4096, "zero2")
+    assert "--deepspeed" not in bare and bare[bare.index("--torch_dtype") + 1] == "bfloat16"
+    assert staged[staged.index("--deepspeed") + 1] == "zero2"
+    assert [a for a in staged if a not in ("--deepspeed", "zero2")] == bare
