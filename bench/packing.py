@@ -474,47 +474,66 @@ def run_mode(name, batches_of, rows, model, optimizer, video_processor, position
 
 
 def run_swift_mode(order: list[int], rows, model_dir: Path, merge_size: int, device, opts, flops_of) -> dict:
-    """ms-swift's ``swift sft`` (bench/peer_swift.py, settings ``ours``) on ``rows`` in ``order`` (the unpacked
-    mode's: one window per step, one epoch), its steps aggregated as ``run_mode`` aggregates ours."""
+    """ms-swift's ``swift sft`` (bench/peer_swift.py, settings ``--swift-settings``) on ``rows`` in ``order``
+    (the unpacked mode's), one epoch, its steps aggregated as ``run_mode`` aggregates ours: with ``ours``
+    one window a step; with ``recommended`` packs it makes itself up to our pack budget (``--pack-tokens``)."""
     import peer_swift
 
     data = opts.work / "swift-data"
     shutil.rmtree(data, ignore_errors=True)  # frames of an earlier set would stay beside this one's
     facts = peer_swift.export_rows([rows[i] for i in order], merge_size, data, "bench/packing.py's samples")
     longest = max(row["input_tokens"] for row in rows)
-    options = argparse.Namespace(model=model_dir, steps=len(order), lora=peer_swift.default_lora(),
-                                 device="cpu" if device.type == "cpu" else "cuda", max_length=max(65536, 2 * longest),
+    packed = opts.swift_settings == "recommended"
+    options = argparse.Namespace(model=model_dir, steps=None if packed else len(order), lora=peer_swift.default_lora(),
+                                 device="cpu" if device.type == "cpu" else "cuda",
+                                 max_length=opts.pack_tokens if packed else max(65536, 2 * longest),
                                  swift_python=opts.swift_python, swift_path=opts.swift_path,
-                                 fla_hopper_guard=opts.fla_hopper_guard, deepspeed=opts.swift_deepspeed)
-    run = peer_swift.run_swift(options, facts, data, "ours")
+                                 fla_hopper_guard=opts.fla_hopper_guard, deepspeed=opts.swift_deepspeed,
+                                 attn_impl=opts.swift_attn)
+    run = peer_swift.run_swift(options, facts, data, opts.swift_settings)
+    failed = {"mode": "swift", "settings": opts.swift_settings, "command": run["command"], "log": run["log"]}
     if run["returncode"] != 0 or not run.get("steps"):
         log = Path(run["log"]).read_text()[-3000:] if Path(run["log"]).exists() else ""
-        return {"mode": "swift", "failed": log, "command": run["command"], "log": run["log"]}
-    if run["steps"] != len(order):  # then its steps are not our windows one for one
-        return {"mode": "swift", "failed": f"ms-swift ran {run['steps']} steps for {len(order)} samples",
-                "command": run["command"], "log": run["log"]}
-    first = min(opts.warmup, len(order) - 1)  # at least one timed, as run_mode
-    timed = list(zip(order[first:], run["tokens_per_step"][first:], run["seconds_per_step"][first:]))
-    seconds = sum(s for _, _, s in timed)
+        return {**failed, "failed": log}
+    if not packed and run["steps"] != len(order):  # then its steps are not our windows one for one
+        return {**failed, "failed": f"ms-swift ran {run['steps']} steps for {len(order)} samples"}
+    if packed and sum(run["tokens_per_step"]) < sum(facts["our_input_tokens"]):  # an epoch holds every window
+        return {**failed, "failed": f"ms-swift's {run['steps']} packs hold {sum(run['tokens_per_step'])} tokens, "
+                f"fewer than the epoch's {sum(facts['our_input_tokens'])}: windows were dropped or cut"}
+    steps = run["steps"]
+    first = min(opts.warmup, steps - 1)  # at least one timed, as run_mode
+    tokens, seconds = sum(run["tokens_per_step"][first:]), sum(run["seconds_per_step"][first:])
     gpu = device.type == "cuda"
-    slowest = max(range(first, len(order)), key=lambda k: run["seconds_per_step"][k])
-    # its template's tokens per window minus ours: one constant when both read the same windows in the same order
-    extra = [theirs - ours for theirs, ours in zip(run["tokens_per_step"], facts["our_input_tokens"])]
-    return {"mode": "swift", "micro_batches": len(timed), "samples": len(timed),
-            "tokens_per_second": sum(t for _, t, _ in timed) / seconds, "samples_per_second": len(timed) / seconds,
+    slowest = max(range(first, steps), key=lambda k: run["seconds_per_step"][k])
+    if packed:  # which windows a pack holds is ms-swift's choice: the timed steps' share of the epoch's FLOPs
+        windows = len(order) * tokens / sum(run["tokens_per_step"])
+        flops = flops_of(list(range(len(rows)))) * tokens / sum(run["tokens_per_step"])
+        extra = [round((sum(run["tokens_per_step"]) - sum(facts["our_input_tokens"])) / len(order))] * 2
+    else:
+        windows, flops = steps - first, sum(flops_of([i]) for i in order[first:])
+        # its template's tokens per window minus ours: one constant when both read the same windows in the same order
+        extra = [theirs - ours for theirs, ours in zip(run["tokens_per_step"], facts["our_input_tokens"])]
+    return {"mode": "swift", "settings": opts.swift_settings, "packed": packed, "micro_batches": steps - first,
+            "samples": windows, "tokens_per_second": tokens / seconds, "samples_per_second": windows / seconds,
             "padding_share": 0.0, "data_wait_share": None,
-            "median_step_seconds": statistics.median(s for _, _, s in timed),
+            "median_step_seconds": statistics.median(run["seconds_per_step"][first:]),
             "peak_allocated_gib": run["peak_allocated_gib"] if gpu else None,
             "peak_reserved_gib": run["peak_reserved_gib"] if gpu else None, "first_loss": run["step0_loss"],
-            "model_flops_per_second": sum(flops_of([i]) for i, _, _ in timed) / seconds, "profile": None,
+            "model_flops_per_second": flops / seconds, "profile": None,
             "swift_tokens": sum(run["tokens_per_step"]), "our_tokens": sum(facts["our_input_tokens"]),
             "swift_tokens_per_step": run["tokens_per_step"], "extra_tokens_per_window": [min(extra), max(extra)],
             # a timed step far above the median (fla autotuning a new shape in its process, say) weighs on its
             # tokens/s as on ours: shown beside the result
             "slowest_timed_step": {"step": slowest, "seconds": run["seconds_per_step"][slowest]},
-            "deepspeed": opts.swift_deepspeed if gpu and opts.swift_deepspeed != "none" else None,
-            "command": run["command"],
+            "deepspeed": options_deepspeed(opts, gpu), "command": run["command"],
             "wall_seconds": run["seconds"], "log": run["log"]}
+
+
+def options_deepspeed(opts, gpu: bool) -> str | None:
+    """The DeepSpeed stage ms-swift ran under: --swift-deepspeed, or its settings' own (peer_swift)."""
+    if not gpu or opts.swift_deepspeed == "none":
+        return None
+    return opts.swift_deepspeed or ("zero2" if opts.swift_settings == "recommended" else "zero3")
 
 
 def swift_ratios(results: list[dict], swift: dict) -> list[str]:
@@ -527,7 +546,8 @@ def swift_ratios(results: list[dict], swift: dict) -> list[str]:
 
     rows = []
     for r in (r for r in results if r["mode"] != "swift"):
-        same_window = r["mode"] == "unpacked"  # its first micro-batch is ms-swift's step 0: the same window alone
+        # its first micro-batch is ms-swift's step 0 when it too runs one window a step: the same window alone
+        same_window = r["mode"] == "unpacked" and not swift.get("packed")
         rows.append([r["mode"], ratio(r["tokens_per_second"], swift["tokens_per_second"]),
                      ratio(r["median_step_seconds"], swift["median_step_seconds"], "s"),
                      ratio(r["peak_allocated_gib"], swift["peak_allocated_gib"], " GiB"),
@@ -538,13 +558,17 @@ def swift_ratios(results: list[dict], swift: dict) -> list[str]:
     slowest = swift["slowest_timed_step"]
     return [table(["ours (mode)", "tokens/s", "median step", "peak allocated", "peak reserved", "step-0 loss"], rows), "",
             f"ms-swift: `{swift['command']}` in its own interpreter; {swift['micro_batches']} steps timed of "
-            f"{len(swift['swift_tokens_per_step'])} (one window each, in the unpacked mode's order; its slowest timed "
-            f"step {slowest['step']} took {slowest['seconds']:.2f} s); {swift['swift_tokens']:,} tokens by its "
-            f"template for the epoch against our {swift['our_tokens']:,} ({low if low == high else f'{low} to {high}'} "
-            "more per window). Unpacked "
-            "(its packing needs flash-attention), "
-            + ("under DeepSpeed ZeRO-3 on one GPU while our modes run without DeepSpeed: the ratios favour ours by "
-               "ZeRO-3's gathers (module docstring)" if swift["deepspeed"] else "without DeepSpeed, as our modes")
+            f"{len(swift['swift_tokens_per_step'])} ("
+            + ("its own packs of the windows up to the same budget as ours; its MFU counts the timed steps' share of "
+               "the epoch's model FLOPs by tokens" if swift.get("packed") else
+               "one window each, in the unpacked mode's order")
+            + f"; its slowest timed step {slowest['step']} took {slowest['seconds']:.2f} s); {swift['swift_tokens']:,} "
+            f"tokens by its template for the epoch against our {swift['our_tokens']:,} "
+            f"({low if low == high else f'{low} to {high}'} more per window). "
+            + ("Ran " if swift.get("packed") else "Unpacked (its packing needs flash attention), ")
+            + (f"under DeepSpeed {swift['deepspeed']} on one GPU while our modes run without DeepSpeed: the ratios "
+               "favour ours by its hooks (module docstring)" if swift["deepspeed"] else
+               "without DeepSpeed, as our modes")
             + "; our step time includes our data wait, its does not include its batch fetch."]
 
 
@@ -574,9 +598,13 @@ def main(argv=None) -> int:
     parser.add_argument("--swift-path", help="ms-swift's PYTHONPATH, in place of ours (bench/peer_swift.py)")
     parser.add_argument("--fla-hopper-guard", default="off", choices=["off", "keep"],
                         help="bench/peer_swift.py's: off runs fla's gated backward in ms-swift as our modes do")
-    parser.add_argument("--swift-deepspeed", default="zero3", choices=["zero3", "none"],
-                        help="ms-swift under ZeRO-3 as the train stage runs (default), or without DeepSpeed as "
-                        "this script's modes run")
+    parser.add_argument("--swift-settings", default="ours", choices=["ours", "recommended"],
+                        help="bench/peer_swift.py's settings: ours (one window a step, SDPA) or recommended (its "
+                        "packing up to --pack-tokens, Liger kernels, flash attention)")
+    parser.add_argument("--swift-attn", default="flash_attn", help="recommended's flash attention (peer_swift)")
+    parser.add_argument("--swift-deepspeed", default=None, choices=["zero2", "zero3", "none"],
+                        help="ms-swift's DeepSpeed stage: by default its settings' (ours: ZeRO-3 as the train stage "
+                        "runs; recommended: ZeRO-2), or none, as this script's modes run")
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--no-checkpointing", dest="checkpointing", action="store_false",
                         help="train without gradient checkpointing (train.gradient_checkpointing: false)")

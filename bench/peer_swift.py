@@ -42,7 +42,10 @@ Settings (``--settings``):
 * ``recommended``: ms-swift's documentation for Qwen3.5 / Qwen3-VL (BestPractices, 4.6): the same LoRA,
   plus ``--packing true`` (padding-free, flash attention), ``--use_liger_kernel true``,
   ``--attn_impl flash_attn`` and ZeRO-2 (its Qwen3.5-4B recipe's); needs flash-attn, liger-kernel and
-  deepspeed in ms-swift's environment.
+  deepspeed in ms-swift's environment. No flash-attn (FA2) wheel exists for the GPU image's torch
+  2.11 and it cannot be built there; ``--attn-impl flash_attention_4`` runs the one flash attention
+  that installs from wheels alone (flash-attn-4, CuTe DSL kernels compiled on first use, Hopper and
+  newer), which ms-swift's packing also accepts.
 
 fla 0.6.0 refuses its gated backward pass on Hopper GPUs with Triton >= 3.4, < 3.7.1 (its issue
 #640: wrong gradients at some shapes) unless tilelang is installed. Our train stage turns that guard
@@ -205,16 +208,20 @@ def export_rows(rows: list[dict], merge_size: int, out: Path, source: str = "the
     return facts
 
 
-def swift_arguments(model: Path, model_type: str, dataset: Path, out: Path, settings: str, steps: int,
-                    lora: dict, device: str, max_length: int, deepspeed: str | None = None) -> list[str]:
+def swift_arguments(model: Path, model_type: str, dataset: Path, out: Path, settings: str, steps: int | None,
+                    lora: dict, device: str, max_length: int, deepspeed: str | None = None,
+                    attn_impl: str = "flash_attn") -> list[str]:
     """`swift sft`'s arguments for ``settings`` (module docstring); ``deepspeed`` ("zero2", "zero3" or
-    "none") in place of the settings' own stage on a GPU."""
+    "none") in place of the settings' own stage on a GPU; ``steps`` None: one epoch (packs are made by
+    ms-swift, so their count is its own); ``attn_impl`` the flash attention ``recommended`` runs
+    (ms-swift's packing takes flash_attn, flash_attention_2, _3 or _4)."""
     args = ["--model", str(model), "--model_type", model_type, "--template", model_type, "--check_model", "false",
             "--dataset", str(dataset), "--tuner_type", "lora", "--lora_rank", str(lora["r"]),
             "--lora_alpha", str(lora["alpha"]), "--lora_dropout", str(lora["dropout"]),
             "--target_modules", *lora["target_modules"], "--freeze_vit", "true", "--freeze_aligner", "true",
             "--gradient_checkpointing", "true", "--per_device_train_batch_size", "1",
-            "--gradient_accumulation_steps", "1", "--max_steps", str(steps), "--learning_rate", "2e-4",
+            "--gradient_accumulation_steps", "1",
+            *(["--max_steps", str(steps)] if steps else ["--num_train_epochs", "1"]), "--learning_rate", "2e-4",
             "--max_length", str(max_length), "--logging_steps", "1", "--save_strategy", "no", "--report_to", "none",
             "--dataloader_num_workers", "1", "--include_num_input_tokens_seen", "true", "--output_dir", str(out),
             "--dataset_shuffle", "false", "--train_dataloader_shuffle", "false", "--split_dataset_ratio", "0"]
@@ -224,7 +231,7 @@ def swift_arguments(model: Path, model_type: str, dataset: Path, out: Path, sett
         stage = deepspeed or ("zero3" if settings == "ours" else "zero2")
         args += ["--torch_dtype", "bfloat16"] + (["--deepspeed", stage] if stage != "none" else [])
     if settings == "recommended":
-        args += ["--attn_impl", "flash_attn", "--packing", "true", "--use_liger_kernel", "true"]
+        args += ["--attn_impl", attn_impl, "--packing", "true", "--use_liger_kernel", "true"]
     else:
         args += ["--attn_impl", "sdpa"]
     return args
@@ -236,7 +243,8 @@ def run_swift(opts, facts: dict, out: Path, settings: str) -> dict:
     run_dir = out / settings
     run_dir.mkdir(parents=True, exist_ok=True)
     args = swift_arguments(opts.model, model_type, out / "swift.jsonl", run_dir / "output", settings, opts.steps,
-                           opts.lora, opts.device, opts.max_length, getattr(opts, "deepspeed", None))
+                           opts.lora, opts.device, opts.max_length, getattr(opts, "deepspeed", None),
+                           getattr(opts, "attn_impl", "flash_attn"))
     env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
     env.update(facts["env"], HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1",
                MODELSCOPE_OFFLINE="1")
@@ -321,6 +329,10 @@ def main(argv=None) -> int:
     parser.add_argument("--autotune", default="ours", choices=["ours", "own"],
                         help="ours (default): fla's kernel choices from our committed table for this GPU model, as "
                         "our runs have them; own: ms-swift's fla autotunes each new key, inside the timed steps")
+    parser.add_argument("--attn-impl", default="flash_attn",
+                        choices=["flash_attn", "flash_attention_2", "flash_attention_3", "flash_attention_4"],
+                        help="the flash attention of the recommended settings: flash_attn (its documentation's, "
+                        "FA2) or another its packing accepts, as installed in its environment (FA4: flash-attn-4)")
     parser.add_argument("--memory-cap-gib", type=float, default=0.0,
                         help="a simulated card of this size (torch.cuda.set_per_process_memory_fraction), as "
                         "train.memory_cap_gib does for ours")

@@ -339,9 +339,13 @@ class Bench:
         work = self.args.work / f"{name}-{frames}-{limit_gib:g}"
         facts = peer_swift.export(manifest, "train", work)
         device = "cuda" if torch.cuda.is_available() else "cpu"
+        # packing (recommended) fills each step up to max_length: one window's length keeps one window a step, as ours
+        longest = max(facts["our_input_tokens"]) + 256  # its template adds a few tokens to ours
         options = argparse.Namespace(model=self.model_dir, steps=steps, lora=peer_swift.default_lora(), device=device,
-                                     max_length=65536, swift_python=self.args.swift_python, swift_path=self.args.swift_path,
-                                     memory_cap_gib=limit_gib, deepspeed=spec.get("deepspeed"))
+                                     max_length=longest if spec["settings"] == "recommended" else 65536,
+                                     swift_python=self.args.swift_python, swift_path=self.args.swift_path,
+                                     memory_cap_gib=limit_gib, deepspeed=spec.get("deepspeed"),
+                                     attn_impl=self.args.swift_attn)
         run = peer_swift.run_swift(options, facts, work, spec["settings"])
         if run["returncode"] != 0 or not run.get("steps"):
             log = Path(run["log"]).read_text() if Path(run["log"]).exists() else ""
@@ -416,6 +420,8 @@ def main() -> None:
     parser.add_argument("--swift-python", default=sys.executable, help="an interpreter where ms-swift imports")
     parser.add_argument("--swift-path", help="ms-swift's PYTHONPATH, in place of ours: its own packages first, then "
                         "(joined by ':') a folder with flash-linear-attention and deepspeed for it to find")
+    parser.add_argument("--swift-attn", default="flash_attn",
+                        help="swift-recommended's flash attention (bench/peer_swift.py --attn-impl)")
     parser.add_argument("--work", type=Path, default=ROOT / "results" / "throughput")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()

@@ -133,3 +133,21 @@ def test_ms_swift_runs_without_deepspeed_when_asked_as_one_gpu_s_users_run_it(tm
     assert "--deepspeed" not in bare and bare[bare.index("--torch_dtype") + 1] == "bfloat16"
     assert staged[staged.index("--deepspeed") + 1] == "zero2"
     assert [a for a in staged if a not in ("--deepspeed", "zero2")] == bare
+
+
+def test_recommended_packs_one_epoch_with_the_flash_attention_asked_for(tmp_path):
+    lora = {"r": 8, "alpha": 16, "dropout": 0.05, "target_modules": ["q_proj", "v_proj"]}
+    args = peer_swift.swift_arguments(Path("m"), "qwen3_5", Path("d"), tmp_path, "recommended", None, lora, "cuda",
+                                      16384, None, "flash_attention_4")
+    value = lambda flag: args[args.index(flag) + 1]  # noqa: E731
+    assert "--max_steps" not in args and value("--num_train_epochs") == "1"
+    assert value("--attn_impl") == "flash_attention_4" and value("--packing") == "true"
+    assert value("--max_length") == "16384" and value("--deepspeed") == "zero2"
+
+
+def test_packing_names_the_deepspeed_stage_ms_swift_ran_under():
+    stage = lambda settings, asked, gpu=True: packing.options_deepspeed(  # noqa: E731
+        argparse.Namespace(swift_settings=settings, swift_deepspeed=asked), gpu)
+    assert (stage("ours", None), stage("recommended", None)) == ("zero3", "zero2")
+    assert stage("ours", "none") is None and stage("recommended", "zero3") == "zero3"
+    assert stage("ours", None, gpu=False) is None
