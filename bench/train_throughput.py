@@ -347,6 +347,9 @@ class Bench:
                                      memory_cap_gib=limit_gib, deepspeed=spec.get("deepspeed"),
                                      attn_impl=self.args.swift_attn)
         run = peer_swift.run_swift(options, facts, work, spec["settings"])
+        if Path(run["log"]).exists():  # beside ours in logs.tar.gz: what it chose (attention, logits kept, ...)
+            (self.args.work / "logs").mkdir(exist_ok=True)
+            shutil.copy(run["log"], self.args.work / "logs" / f"{name}-{frames}-{limit_gib:g}.swift.log")
         if run["returncode"] != 0 or not run.get("steps"):
             log = Path(run["log"]).read_text() if Path(run["log"]).exists() else ""
             return {"failed": log[-1500:], "out_of_memory": "out of memory" in log.lower(), "command": run["command"]}
