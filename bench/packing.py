@@ -529,11 +529,11 @@ def run_swift_mode(order: list[int], rows, model_dir: Path, merge_size: int, dev
             # a timed step far above the median (fla autotuning a new shape in its process, say) weighs on its
             # tokens/s as on ours: shown beside the result
             "slowest_timed_step": {"step": slowest, "seconds": run["seconds_per_step"][slowest]},
-            "deepspeed": options_deepspeed(opts, gpu), "command": run["command"],
+            "deepspeed": swift_deepspeed_stage(opts, gpu), "command": run["command"],
             "wall_seconds": run["seconds"], "log": run["log"]}
 
 
-def options_deepspeed(opts, gpu: bool) -> str | None:
+def swift_deepspeed_stage(opts, gpu: bool) -> str | None:
     """The DeepSpeed stage ms-swift ran under: --swift-deepspeed, or its settings' own (peer_swift)."""
     if not gpu or opts.swift_deepspeed == "none":
         return None

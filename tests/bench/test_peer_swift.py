@@ -146,7 +146,7 @@ def test_recommended_packs_one_epoch_with_the_flash_attention_asked_for(tmp_path
 
 
 def test_packing_names_the_deepspeed_stage_ms_swift_ran_under():
-    stage = lambda settings, asked, gpu=True: packing.options_deepspeed(  # noqa: E731
+    stage = lambda settings, asked, gpu=True: packing.swift_deepspeed_stage(  # noqa: E731
         argparse.Namespace(swift_settings=settings, swift_deepspeed=asked), gpu)
     assert (stage("ours", None), stage("recommended", None)) == ("zero3", "zero2")
     assert stage("ours", "none") is None and stage("recommended", "zero3") == "zero3"
