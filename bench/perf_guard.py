@@ -60,6 +60,12 @@ def environment(tree: Path = ROOT) -> dict:
     return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(tree / "src"), os.environ.get("PYTHONPATH")]))}
 
 
+def packing_environment(tree: Path = ROOT) -> dict:
+    """``environment`` with the train stage's allocator setting, unless one is set: bench/packing.py sets it
+    itself only since 41d344b, so a tree from before measures its packs with the same allocator too."""
+    return {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True", **environment(tree)}
+
+
 # ---------------------------------------------------------------- the comparison (no GPU needed)
 
 
@@ -153,7 +159,7 @@ def packed_case(tree: Path, out: Path) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     command = [sys.executable, str(tree / "bench" / "packing.py"), "--model-config", str(tree / MODEL.relative_to(ROOT)),
                "--device", "cuda", "--modes", "packed", "--no-results"]
-    done = subprocess.run(command, cwd=tree, capture_output=True, text=True, env=environment(tree))
+    done = subprocess.run(command, cwd=tree, capture_output=True, text=True, env=packing_environment(tree))
     (out / "packing.log").write_text(done.stdout + done.stderr)
     if done.returncode:
         raise RuntimeError(f"bench/packing.py failed; its output: {out / 'packing.log'}\n{done.stderr[-2000:]}")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -122,3 +123,12 @@ def test_repeats_alternate_the_trees_and_keep_each_run_apart(tmp_path, monkeypat
                      ("base_tree", "out/baseline/repeat1"), ("this_tree", "out/this/repeat1")]
     assert old["fixed128"]["tokens_per_second_runs"] == [101.0, 103.0] and old["fixed128"]["tokens_per_second"] == 102.0
     assert new["fixed128"]["tokens_per_second_runs"] == [102.0, 104.0]
+
+
+def test_both_trees_pack_with_the_train_stage_s_allocator_unless_the_user_set_one(tmp_path, monkeypatch):
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
+    env = perf_guard.packing_environment(tmp_path)
+    assert env["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
+    assert env["PYTHONPATH"].split(os.pathsep)[0] == str(tmp_path / "src")
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "backend:cudaMallocAsync")
+    assert perf_guard.packing_environment(tmp_path)["PYTORCH_CUDA_ALLOC_CONF"] == "backend:cudaMallocAsync"
