@@ -13,7 +13,8 @@ Run it on a GPU before landing a change to the train stage, the kernels, sample 
 * ``fixed128``: Qwen3.5-4B (random weights, published architecture) at 128 frames per window, fixed
   length, the train stage on one GPU (``bench/train_throughput.py --trainers ours``);
 * ``packed``: the mixed-length QVHighlights-shaped set in packs of 16k tokens (``bench/packing.py
-  --modes packed``);
+  --modes packed``), with the train stage's allocator setting for both trees (ledger entries before
+  41d344b reserved the default cache's blocks: 39.7 GiB for 14 GiB allocated);
 * ``plan12``: the one-GPU 12 GiB plan: the train stage under ``train.memory_cap_gib: 12`` at the frame
   count the probe plans for that card (``bench/train_throughput.py --cap-gib 12``).
 
