@@ -95,7 +95,11 @@ def default_lora() -> dict:
 # Run with ms-swift's interpreter: argv[1] the step log, the rest swift sft's arguments. videosft's kernel
 # helpers (fla's Hopper guard, our autotune table) come from this tree's src, after ms-swift's packages.
 STEP_TIMER = r'''
-import json, os, sys, time
+import json, os, site, sys, time
+# Folders made by `pip install --target` are on PYTHONPATH, where Python does not read .pth files:
+# read them as site-packages' would be (nvidia-cutlass-dsl, under flash-attn-4, puts its packages on the path so).
+for folder in filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep)):
+    site.addsitedir(folder)
 import torch
 from swift.callbacks import callbacks_map
 from swift.callbacks.base import TrainerCallback

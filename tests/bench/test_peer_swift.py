@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -151,3 +153,15 @@ def test_packing_names_the_deepspeed_stage_ms_swift_ran_under():
     assert (stage("ours", None), stage("recommended", None)) == ("zero3", "zero2")
     assert stage("ours", "none") is None and stage("recommended", "zero3") == "zero3"
     assert stage("ours", None, gpu=False) is None
+
+
+def test_ms_swift_s_process_reads_the_pth_files_of_its_path_folders(tmp_path):
+    # pip install --target folders travel on PYTHONPATH, where Python skips .pth files; nvidia-cutlass-dsl
+    # (flash-attn-4's) puts its packages on the path by one
+    folder, ran = tmp_path / "site", tmp_path / "ran"
+    folder.mkdir()
+    (folder / "marker.pth").write_text(f"import pathlib; pathlib.Path({str(ran)!r}).write_text('yes')\n")
+    env = {**os.environ, "PYTHONPATH": str(folder)}
+    done = subprocess.run([sys.executable, "-c", peer_swift.STEP_TIMER, str(tmp_path / "steps.jsonl")], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert ran.read_text() == "yes", done.stderr[-2000:]  # before ms-swift's import, which fails here
