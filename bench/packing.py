@@ -74,10 +74,11 @@ callback and aggregated here as ours are (real tokens/s over the steps after ``-
 median step, the peaks of allocated and reserved memory, the loss of step 0), and the table gives
 ours / ms-swift for each of our modes. What the comparison is not:
 
-* ms-swift's row is unpacked: its recommended packing (``--packing true``, padding-free) refuses SDPA
-  and needs flash-attention, which the GPU image does not have. Our packed mode against it is
-  each trainer's best on this machine; our unpacked mode against it is one window per step on both.
-* ms-swift runs under DeepSpeed ZeRO-3 on one GPU (peer_swift's ``ours`` settings: the train
+* ms-swift's row is unpacked by default: its recommended packing (``--swift-settings recommended``:
+  ``--packing true``, padding-free, Liger kernels, ZeRO-2, up to ``--pack-tokens``) refuses SDPA and
+  needs a flash attention (``--swift-attn``; the GPU image has no FA2 build, bench/README.md). Our
+  unpacked mode against its unpacked row is one window per step on both.
+* By default ms-swift runs under DeepSpeed ZeRO-3 on one GPU (peer_swift's ``ours`` settings: the train
   stage's default is ZeRO-3), this script's modes without DeepSpeed: with one rank there is nothing
   to shard, yet ZeRO-3's hooks still fetch and release every layer's weights around each forward,
   recomputation and backward, which costs ms-swift step time (and adds its buffers to its reserved
@@ -534,10 +535,10 @@ def run_swift_mode(order: list[int], rows, model_dir: Path, merge_size: int, dev
 
 
 def swift_deepspeed_stage(opts, gpu: bool) -> str | None:
-    """The DeepSpeed stage ms-swift ran under: --swift-deepspeed, or its settings' own (peer_swift)."""
-    if not gpu or opts.swift_deepspeed == "none":
-        return None
-    return opts.swift_deepspeed or ("zero2" if opts.swift_settings == "recommended" else "zero3")
+    """The DeepSpeed stage ms-swift ran under (on the CPU none)."""
+    import peer_swift
+
+    return peer_swift.deepspeed_stage(opts.swift_settings, opts.swift_deepspeed) if gpu else None
 
 
 def swift_ratios(results: list[dict], swift: dict) -> list[str]:

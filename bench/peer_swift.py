@@ -143,9 +143,10 @@ if os.environ.get("PEER_FLA_HOPPER_GUARD") == "off" and gated_deltanet.fla_statu
     gated_deltanet.bypass_hopper_guard()
 if os.environ.get("PEER_AUTOTUNE") == "ours" and torch.cuda.is_available():
     print("fla's kernel choices:", autotune.summary(autotune.apply(torch.device("cuda"))), flush=True)
-if float(os.environ.get("PEER_MEMORY_CAP_GIB") or 0) and torch.cuda.is_available():  # a simulated smaller card
-    total = torch.cuda.get_device_properties(0).total_memory
-    torch.cuda.set_per_process_memory_fraction(min(1.0, float(os.environ["PEER_MEMORY_CAP_GIB"]) * 2**30 / total))
+# a simulated smaller card, as ours under train.memory_cap_gib (torch.cuda.set_per_process_memory_fraction)
+if os.environ.get("PEER_MEMORY_CAP_GIB") and torch.cuda.is_available():
+    from videosft.training.setup import cap_device_memory
+    cap_device_memory(float(os.environ["PEER_MEMORY_CAP_GIB"]), "cuda:0")
 callbacks_map["videosft_step_timer"] = StepTimer
 sft_main(sys.argv[2:] + ["--callbacks", "videosft_step_timer"])
 '''
@@ -212,6 +213,13 @@ def export_rows(rows: list[dict], merge_size: int, out: Path, source: str = "the
     return facts
 
 
+def deepspeed_stage(settings: str, requested: str | None = None) -> str | None:
+    """The DeepSpeed stage ms-swift runs under on a GPU: ``requested`` ("zero2", "zero3", "none"), else the
+    settings' own (ours: ZeRO-3 as the train stage; recommended: ZeRO-2, its recipe's); None for none."""
+    stage = requested or ("zero3" if settings == "ours" else "zero2")
+    return None if stage == "none" else stage
+
+
 def swift_arguments(model: Path, model_type: str, dataset: Path, out: Path, settings: str, steps: int | None,
                     lora: dict, device: str, max_length: int, deepspeed: str | None = None,
                     attn_impl: str = "flash_attn") -> list[str]:
@@ -232,8 +240,8 @@ def swift_arguments(model: Path, model_type: str, dataset: Path, out: Path, sett
     if device == "cpu":
         args += ["--torch_dtype", "float32", "--use_cpu", "true"]
     else:
-        stage = deepspeed or ("zero3" if settings == "ours" else "zero2")
-        args += ["--torch_dtype", "bfloat16"] + (["--deepspeed", stage] if stage != "none" else [])
+        stage = deepspeed_stage(settings, deepspeed)
+        args += ["--torch_dtype", "bfloat16"] + (["--deepspeed", stage] if stage else [])
     if settings == "recommended":
         args += ["--attn_impl", attn_impl, "--packing", "true", "--use_liger_kernel", "true"]
     else:

@@ -90,6 +90,7 @@ from peft import LoraConfig, get_peft_model
 from videosft.models.checkpoint import model_class
 from videosft.data.sample_store import read_samples
 from videosft.training.batches import collate
+from videosft.training.setup import cap_device_memory
 from videosft.media.pixels import load_video_processor
 
 model_dir, manifest, out, steps = Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3]), int(sys.argv[4])
@@ -97,9 +98,7 @@ local = int(os.environ["LOCAL_RANK"])
 gpu = torch.cuda.is_available()
 if gpu:
     torch.cuda.set_device(local)
-    if options["memory_cap_gib"]:
-        total = torch.cuda.get_device_properties(local).total_memory
-        torch.cuda.set_per_process_memory_fraction(min(1.0, options["memory_cap_gib"] * 2**30 / total), local)
+    cap_device_memory(options["memory_cap_gib"], local)
 deepspeed.init_distributed("nccl" if gpu else "gloo", timeout=datetime.timedelta(seconds=600))
 rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
 ds = json.loads(Path(options["deepspeed_config"]).read_text())

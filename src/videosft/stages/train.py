@@ -136,9 +136,7 @@ def prepare(cfg: View, samples_path: Path, probe_path: Path, out: Path) -> Run:
     rank, world = torch_dist.get_rank(), torch_dist.get_world_size()
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if torch.cuda.is_available() \
         else torch.device("cpu")
-    if train_cfg.memory_cap_gib and device.type == "cuda":  # behave like a smaller card (e.g. 12 GiB) on a larger one
-        total = torch.cuda.get_device_properties(device).total_memory
-        torch.cuda.set_per_process_memory_fraction(min(1.0, train_cfg.memory_cap_gib * 2**30 / total), device)
+    setup.cap_device_memory(train_cfg.memory_cap_gib, device)  # e.g. a 12 GiB card on a larger one
     probe = read_probe(probe_path)
     setup.check_train_options(train_cfg)
     index = index_samples(samples_path, "train")  # each rank reads only its own samples' frames, batch by batch

@@ -62,6 +62,18 @@ def choose_precision(requested: str) -> str:
     return "fp32"
 
 
+def cap_device_memory(gib: float | None, device) -> None:
+    """Behave like a card of ``gib`` GiB on a larger one (``train.memory_cap_gib``): PyTorch's allocator
+    refuses past it, as the smaller card would. Nothing without a cap or off a GPU."""
+    import torch
+
+    device = torch.device(device)
+    if not gib or device.type != "cuda":
+        return
+    total = torch.cuda.get_device_properties(device).total_memory
+    torch.cuda.set_per_process_memory_fraction(min(1.0, gib * 2**30 / total), device)
+
+
 def deepspeed_config(path: Path, train_cfg: View, world: int, precision: str, backend: str = "nccl") -> dict:
     """The DeepSpeed config file with its "auto" values filled from our config, for the collectives of
     ``backend``."""
