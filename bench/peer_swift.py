@@ -92,6 +92,21 @@ def default_lora() -> dict:
 
     return config_lib.resolve({})["lora"]
 
+# flash-attn-4 4.0.0b36 takes max_seqlen_q/k as Python ints; transformers 5.17's padding-free path hands it the
+# 0-d tensor it computed (it converts only while tracing) and CuTe stops at its first layer ("Expected IntTuple,
+# whose leaves are integers"). Given as ints, as FA2's binding converts them; transformers looks the function up
+# at its first forward, so this is in place before.
+FA4_SEQLEN_AS_INT = r'''
+if os.environ.get("PEER_FA4_SEQLEN_AS_INT") == "1":
+    import flash_attn.cute as fa4
+    def _seqlen_as_int(*args, _varlen=fa4.flash_attn_varlen_func, **kwargs):
+        for key in ("max_seqlen_q", "max_seqlen_k"):
+            if kwargs.get(key) is not None and not isinstance(kwargs[key], int):
+                kwargs[key] = int(kwargs[key])
+        return _varlen(*args, **kwargs)
+    fa4.flash_attn_varlen_func = _seqlen_as_int
+'''
+
 # Run with ms-swift's interpreter: argv[1] the step log, the rest swift sft's arguments. videosft's kernel
 # helpers (fla's Hopper guard, our autotune table) come from this tree's src, after ms-swift's packages.
 STEP_TIMER = r'''
@@ -100,6 +115,7 @@ import json, os, site, sys, time
 # read them as site-packages' would be (nvidia-cutlass-dsl, under flash-attn-4, puts its packages on the path so).
 for folder in filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep)):
     site.addsitedir(folder)
+''' + FA4_SEQLEN_AS_INT + r'''
 import torch
 from swift.callbacks import callbacks_map
 from swift.callbacks.base import TrainerCallback
@@ -266,7 +282,8 @@ def run_swift(opts, facts: dict, out: Path, settings: str) -> dict:
         env["CUDA_VISIBLE_DEVICES"] = ""
     env.update(PEER_VIDEOSFT_SRC=str(ROOT / "src"), PEER_FLA_HOPPER_GUARD=getattr(opts, "fla_hopper_guard", "off"),
                PEER_AUTOTUNE=getattr(opts, "autotune", "ours"),
-               PEER_MEMORY_CAP_GIB=str(getattr(opts, "memory_cap_gib", 0.0) or ""))
+               PEER_MEMORY_CAP_GIB=str(getattr(opts, "memory_cap_gib", 0.0) or ""),
+               PEER_FA4_SEQLEN_AS_INT="1" if "--attn_impl flash_attention_4" in " ".join(args) else "")
     steps_file = run_dir / "steps.jsonl"
     command = [opts.swift_python, "-c", STEP_TIMER, str(steps_file), *args]
     started = time.perf_counter()
@@ -277,6 +294,8 @@ def run_swift(opts, facts: dict, out: Path, settings: str) -> dict:
         shown += " (fla's Hopper guard off)"
     if env["PEER_AUTOTUNE"] == "ours":
         shown += " (fla's choices from our autotune table)"
+    if env["PEER_FA4_SEQLEN_AS_INT"]:
+        shown += " (flash-attn-4 given max_seqlen as int)"
     if env["PEER_MEMORY_CAP_GIB"]:
         shown += f" (under a simulated {env['PEER_MEMORY_CAP_GIB']} GiB card: torch.cuda.set_per_process_memory_fraction)"
     result = {"settings": settings, "returncode": code, "seconds": time.perf_counter() - started,

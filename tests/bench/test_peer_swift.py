@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from PIL import Image
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
@@ -165,3 +166,39 @@ def test_ms_swift_s_process_reads_the_pth_files_of_its_path_folders(tmp_path):
     done = subprocess.run([sys.executable, "-c", peer_swift.STEP_TIMER, str(tmp_path / "steps.jsonl")], env=env,
                           capture_output=True, text=True, timeout=300)
     assert ran.read_text() == "yes", done.stderr[-2000:]  # before ms-swift's import, which fails here
+
+
+def test_flash_attn_4_is_given_ints_where_transformers_passes_a_tensor(tmp_path, monkeypatch):
+    # flash-attn-4 is not installed here: a stand-in records the types its varlen entry point receives
+    package = tmp_path / "flash_attn" / "cute"
+    package.mkdir(parents=True)
+    (tmp_path / "flash_attn" / "__init__.py").write_text("")
+    (package / "__init__.py").write_text("def flash_attn_varlen_func(q, **kwargs):\n"
+                                         "    return {key: type(value).__name__ for key, value in kwargs.items()}\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("PEER_FA4_SEQLEN_AS_INT", "1")
+    exec(peer_swift.FA4_SEQLEN_AS_INT, {"os": os})
+    import flash_attn.cute as fa4
+    seen = fa4.flash_attn_varlen_func(None, max_seqlen_q=torch.tensor(13369), max_seqlen_k=torch.tensor(13369),
+                                      cu_seqlens_q=torch.tensor([0, 13369]))
+    assert seen == {"max_seqlen_q": "int", "max_seqlen_k": "int", "cu_seqlens_q": "Tensor"}
+    assert peer_swift.FA4_SEQLEN_AS_INT in peer_swift.STEP_TIMER
+    for mod in [m for m in sys.modules if m.split(".")[0] == "flash_attn"]:
+        monkeypatch.delitem(sys.modules, mod)
+
+
+def test_the_flash_attn_4_shim_is_asked_for_and_shown_only_with_flash_attn_4(tmp_path):
+    stand_in = tmp_path / "python"
+    seen = tmp_path / "seen.txt"
+    stand_in.write_text(f"#!{sys.executable}\nimport os\n"
+                        f"open({str(seen)!r}, 'w').write(os.environ.get('PEER_FA4_SEQLEN_AS_INT', ''))\n")
+    stand_in.chmod(0o755)
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text(json.dumps({"model_type": "qwen3_5"}))
+    lora = {"r": 8, "alpha": 16, "dropout": 0.05, "target_modules": ["q_proj", "v_proj"]}
+    for attn, expected in (("flash_attention_4", "1"), ("flash_attn", "")):
+        opts = argparse.Namespace(model=tmp_path / "model", steps=2, lora=lora, device="cuda", max_length=4096,
+                                  swift_python=str(stand_in), swift_path=None, attn_impl=attn)
+        run = peer_swift.run_swift(opts, {"env": {}}, tmp_path / attn, "recommended")
+        assert seen.read_text() == expected
+        assert ("flash-attn-4 given max_seqlen as int" in run["command"]) == bool(expected)
