@@ -10,7 +10,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import PROJECT, remember_output, stage_json
+import pytest
+
+from conftest import PROJECT, remember_output, run_torchrun, stage_json
+from videosft.errors import stage_message
 
 
 def stage(module: str, *args: str, debug: bool = False) -> subprocess.CompletedProcess:
@@ -65,3 +68,39 @@ def test_a_stage_run_alone_on_a_missing_input_names_it(tmp_path):
     config = {"data": {"annotations": str(tmp_path / "annotation.jsonl"), "root": str(tmp_path)}}
     assert_user_error(stage("window", "--config", json.dumps(config), "--out", str(tmp_path / "window")),
                       f"error: config data.annotations: {tmp_path / 'annotation.jsonl'} does not exist")
+
+
+# A rank as the train stage ends one: a user's mistake through exit_after, or a bug's exception.
+RANK = """
+import os, sys
+from videosft.errors import ConfigError
+from videosft.provenance import exit_after
+
+def main():
+    if sys.argv[1] == "bug":
+        raise RuntimeError("a bug, rank " + os.environ["RANK"])
+    error = ConfigError("train.steps: 0 is not allowed; set it to 1 or more")
+    if os.environ["RANK"] == "1":
+        error.kept_record = "logs/train/train.run_record.json"  # one rank keeps the record, as the stage's
+    raise error
+
+exit_after(main)
+"""
+
+
+@pytest.mark.slow  # torchrun imports torch: ~5 s
+def test_what_torchrun_adds_after_a_failed_rank_never_hides_the_rank_s_own_message(tmp_path):
+    """The terminal shows a failed stage's message from its log (Snakemake's onerror): under torchrun the
+    log ends with the launcher's lines, its traceback and summary box, which say only that a rank failed."""
+    script = tmp_path / "rank.py"
+    script.write_text(RANK)
+    mistake = run_torchrun([str(script), "mistake"], nproc=2, timeout=120)
+    assert mistake.returncode != 0 and "ChildFailedError" in mistake.stdout  # what the launcher adds is there
+    assert stage_message(mistake.stdout).splitlines() == [
+        "error: train.steps: 0 is not allowed; set it to 1 or more",
+        "(the run record, with the traceback: logs/train/train.run_record.json)"]  # once, not once per rank
+    bug = run_torchrun([str(script), "bug"], nproc=1, timeout=120)
+    shown = stage_message(bug.stdout)
+    assert bug.returncode != 0 and "ChildFailedError" in bug.stdout
+    assert shown.splitlines()[-1] == "RuntimeError: a bug, rank 0" and "raise RuntimeError" in shown, shown
+    assert "ChildFailedError" not in shown and "exitcode" not in shown
