@@ -5,6 +5,8 @@
     python bench/packing.py --model-config bench/configs/Qwen3.5-4B.json --device cuda --pack-tokens 16384 \
         --modes unpacked packed swift --swift-path /tmp/swsite:/tmp/site --samples 32   # beside ms-swift
     python bench/packing.py --device cpu --no-results --modes unpacked swift --swift-python /tmp/swenv/bin/python
+    python bench/packing.py --model-config bench/configs/Qwen3.5-4B.json --device cuda --modes packed \
+        --pack-tokens 24576 --memory-cap-gib 24     # does a larger pack budget fit a 24 GiB card?
 
 One process, one device, no DeepSpeed: the train stage's own pieces on a random-weight model built
 from a config (``--model-config``; ``tiny`` builds a small Qwen3.5 here; with ``--tokenizer real``
@@ -12,8 +14,11 @@ that config's checkpoint, below), LoRA on the language model,
 the train stage's kernel selection (fla's checked kernels on a GPU where they import), gradient
 checkpointing, AdamW, and its allocator setting (``expandable_segments``, unless
 ``PYTORCH_CUDA_ALLOC_CONF`` is set; the process's default cache held blocks of every window length,
-39.7 GiB reserved on the packed set for 14 GiB allocated). Every mode trains on the same samples, one
-epoch of the same seeded order:
+39.7 GiB reserved on the packed set for 14 GiB allocated; 31.4 with it: reserved memory is not what a
+smaller card needs, since the allocator frees its cache before it fails). ``--memory-cap-gib N`` answers that
+question: every mode, and ms-swift's process, behaves like an N GiB card (the train stage's
+``train.memory_cap_gib``), and a mode that needs more is reported out of memory at its micro-batch while the
+others run. Every mode trains on the same samples, one epoch of the same seeded order:
 
 * ``unpacked``: one sample per micro-batch (``micro_batch_size: 1``, today's default);
 * ``padded``: ``--micro-batch`` samples per micro-batch, padded to the longest
@@ -443,26 +448,32 @@ def run_mode(name, batches_of, rows, model, optimizer, video_processor, position
                          decode_processes=None)  # as the train stage: worker processes on a GPU
     loss_of = model_loss if name == "savvy" else supervised_loss
     steps, profile, first_loss = [], None, None
-    for number, indices in enumerate(batches_of):
-        profiler = start_profiler(device) if profiled_step(opts, number, len(batches_of)) else None
-        started = time.perf_counter()
-        batch = ahead.take(indices)
-        waited = time.perf_counter() - started
-        if number + 1 < len(batches_of):
-            ahead.announce(batches_of[number + 1])
-        loss = loss_of(model, batch)
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        value = loss.item()  # the step's end on the device
-        first_loss = value if number == 0 else first_loss
-        if profiler is not None:
-            profile = write_step_profile(profiler, device, opts.profile, name, time.perf_counter() - started)
-            print(f"{name}: profiled micro-batch {number} ({tokens_in(batch)} tokens): {json.dumps(profile)}",
-                  flush=True)
-        elif number >= min(opts.warmup, len(batches_of) - 1):  # at least one timed
-            steps.append({"seconds": time.perf_counter() - started, "waited": waited, "tokens": tokens_in(batch),
-                          "slots": batch["input_ids"].numel(), "samples": len(indices), "flops": flops_of(indices)})
+    try:
+        for number, indices in enumerate(batches_of):
+            profiler = start_profiler(device) if profiled_step(opts, number, len(batches_of)) else None
+            started = time.perf_counter()
+            batch = ahead.take(indices)
+            waited = time.perf_counter() - started
+            if number + 1 < len(batches_of):
+                ahead.announce(batches_of[number + 1])
+            loss = loss_of(model, batch)
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            value = loss.item()  # the step's end on the device
+            first_loss = value if number == 0 else first_loss
+            if profiler is not None:
+                profile = write_step_profile(profiler, device, opts.profile, name, time.perf_counter() - started)
+                print(f"{name}: profiled micro-batch {number} ({tokens_in(batch)} tokens): {json.dumps(profile)}",
+                      flush=True)
+            elif number >= min(opts.warmup, len(batches_of) - 1):  # at least one timed
+                steps.append({"seconds": time.perf_counter() - started, "waited": waited, "tokens": tokens_in(batch),
+                              "slots": batch["input_ids"].numel(), "samples": len(indices), "flops": flops_of(indices)})
+    except torch.cuda.OutOfMemoryError as error:  # under --memory-cap-gib: this mode does not fit the card
+        ahead.close()
+        cap = f" under the {opts.memory_cap_gib:g} GiB cap" if opts.memory_cap_gib else ""
+        return {"mode": name, "failed": f"out of memory at micro-batch {number} "
+                f"({sum(rows[i]['input_tokens'] for i in indices)} tokens){cap}: {str(error).splitlines()[0]}"}
     ahead.close()
     peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
     reserved = torch.cuda.max_memory_reserved(device) / 2**30 if device.type == "cuda" else None
@@ -494,7 +505,7 @@ def run_swift_mode(order: list[int], rows, model_dir: Path, merge_size: int, dev
                                  max_length=opts.pack_tokens if packed else max(65536, 2 * longest),
                                  swift_python=opts.swift_python, swift_path=opts.swift_path,
                                  fla_hopper_guard=opts.fla_hopper_guard, deepspeed=opts.swift_deepspeed,
-                                 attn_impl=opts.swift_attn)
+                                 attn_impl=opts.swift_attn, memory_cap_gib=opts.memory_cap_gib)
     run = peer_swift.run_swift(options, facts, data, opts.swift_settings)
     failed = {"mode": "swift", "settings": opts.swift_settings, "command": run["command"], "log": run["log"]}
     if run["returncode"] != 0 or not run.get("steps"):
@@ -584,6 +595,10 @@ def main(argv=None) -> int:
     parser.add_argument("--samples", type=int, default=96)
     parser.add_argument("--pack-tokens", type=int, default=16384)
     parser.add_argument("--micro-batch", type=int, default=None, help="padded mode's samples per micro-batch")
+    parser.add_argument("--memory-cap-gib", type=float, default=None,
+                        help="behave like a card of this many GiB (the train stage's train.memory_cap_gib), in "
+                        "this process and ms-swift's: a mode that needs more stops out of memory, named, and the "
+                        "others run")
     parser.add_argument("--window-seconds", type=float, default=60.0)
     parser.add_argument("--fps", type=float, default=1.0)
     parser.add_argument("--max-frames", type=int, default=128)
@@ -632,9 +647,11 @@ def main(argv=None) -> int:
     import torch
 
     from videosft.training.batches import host_positions
+    from videosft.training.setup import cap_device_memory
     from videosft.training.sampling import epoch_plan, packed_epoch_plan
 
     device = torch.device(opts.device)
+    cap_device_memory(opts.memory_cap_gib, device)
     if opts.save_autotune:  # also when a deadline stops the run: what was tuned so far
         from videosft.kernels import autotune
 
@@ -673,12 +690,13 @@ def main(argv=None) -> int:
                  "packed": packs}
     schedules["savvy"], schedules["packed-cudnn"] = schedules["padded"], packs
     flops_of = flops_counter(config, rows)
-    results = []
+    results, failed = [], []  # failed: the modes that ran out of memory under --memory-cap-gib
     if "savvy" in opts.modes:  # before build() binds the train stage's kernels into the modeling module
         model, optimizer = build_savvy(config, device, dtype, opts)
-        results.append(run_mode("savvy", schedules["savvy"], rows, model, optimizer, video_processor, None, device,
-                                opts, flops_of))
-        print(json.dumps(results[-1]), flush=True)
+        result = run_mode("savvy", schedules["savvy"], rows, model, optimizer, video_processor, None, device, opts,
+                          flops_of)
+        (failed if "failed" in result else results).append(result)
+        print(json.dumps(result), flush=True)
         del model, optimizer
         if device.type == "cuda":
             torch.cuda.empty_cache()
@@ -692,7 +710,7 @@ def main(argv=None) -> int:
         for mode in ours:
             result = run_mode(mode, schedules[mode], rows, model, optimizer, video_processor, positions, device, opts,
                               flops_of)
-            results.append(result)
+            (failed if "failed" in result else results).append(result)
             print(json.dumps(result), flush=True)
         del model, optimizer, positions
         if device.type == "cuda":
@@ -716,8 +734,10 @@ def main(argv=None) -> int:
             results.append(swift)
     if opts.tokenizer == "real":
         (opts.work / "packing.json").write_text(json.dumps({"command": command_line(), "results": results,
+                                                            "failed": failed,
                                                             "swift": swift, "same_losses": same}, indent=1))
     if not results:
+        print("\n".join(f"{r['mode']}: {r['failed']}" for r in failed))
         print(f"no mode ran; ms-swift's log: {swift['log'] if swift else None}\n{swift['failed'] if swift else ''}")
         return 1
     peak = H200_BF16_PEAK if "H200" in (torch.cuda.get_device_name(device) if device.type == "cuda" else "") else None
@@ -744,6 +764,8 @@ def main(argv=None) -> int:
             "each sample's own length, the frozen vision tower's forward; padding and recomputation not counted) "
             "per second over the H200's dense bf16 peak, 989 TFLOP/s. Data wait: the share of step time spent "
             "waiting for the next batch on the host."]
+    if failed:
+        lines += ["", *(f"{r['mode']}: {r['failed']}." for r in failed)]
     if same:
         lines += ["", f"First pack ({same['samples']} samples) vs each alone, largest relative per-token loss "
                   "difference: " + ", ".join(f"{d:.2e}" for d in same["max_relative_difference_per_sample"]) + "."]

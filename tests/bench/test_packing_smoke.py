@@ -16,6 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.mark.slow
 def test_the_packed_mode_runs_on_a_tiny_model_and_its_first_pack_equals_its_samples():
     done = subprocess.run([sys.executable, str(ROOT / "bench" / "packing.py"), "--device", "cpu", "--modes", "packed",
+                           "--memory-cap-gib", "12",  # a GPU card's size: nothing to cap on the CPU
                            "--no-results"], capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     result = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")][-1]
