@@ -270,9 +270,9 @@ def run_swift(opts, facts: dict, out: Path, settings: str) -> dict:
     model_type = json.loads((opts.model / "config.json").read_text())["model_type"]
     run_dir = out / settings
     run_dir.mkdir(parents=True, exist_ok=True)
+    attn_impl = getattr(opts, "attn_impl", "flash_attn")
     args = swift_arguments(opts.model, model_type, out / "swift.jsonl", run_dir / "output", settings, opts.steps,
-                           opts.lora, opts.device, opts.max_length, getattr(opts, "deepspeed", None),
-                           getattr(opts, "attn_impl", "flash_attn"))
+                           opts.lora, opts.device, opts.max_length, getattr(opts, "deepspeed", None), attn_impl)
     env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
     env.update(facts["env"], HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1",
                MODELSCOPE_OFFLINE="1")
@@ -283,7 +283,7 @@ def run_swift(opts, facts: dict, out: Path, settings: str) -> dict:
     env.update(PEER_VIDEOSFT_SRC=str(ROOT / "src"), PEER_FLA_HOPPER_GUARD=getattr(opts, "fla_hopper_guard", "off"),
                PEER_AUTOTUNE=getattr(opts, "autotune", "ours"),
                PEER_MEMORY_CAP_GIB=str(getattr(opts, "memory_cap_gib", 0.0) or ""),
-               PEER_FA4_SEQLEN_AS_INT="1" if "--attn_impl flash_attention_4" in " ".join(args) else "")
+               PEER_FA4_SEQLEN_AS_INT="1" if settings == "recommended" and attn_impl == "flash_attention_4" else "")
     steps_file = run_dir / "steps.jsonl"
     command = [opts.swift_python, "-c", STEP_TIMER, str(steps_file), *args]
     started = time.perf_counter()
