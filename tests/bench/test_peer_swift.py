@@ -191,12 +191,13 @@ def test_the_flash_attn_4_shim_is_asked_for_and_shown_only_with_flash_attn_4(tmp
     stand_in = tmp_path / "python"
     seen = tmp_path / "seen.txt"
     stand_in.write_text(f"#!{sys.executable}\nimport os\n"
-                        f"open({str(seen)!r}, 'w').write(os.environ.get('PEER_FA4_SEQLEN_AS_INT', ''))\n")
+                        f"open({str(seen)!r}, 'w').write(os.environ.get('PEER_FA4_SEQLEN_AS_INT', '') + "
+                        f"os.environ.get('FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED', ''))\n")
     stand_in.chmod(0o755)
     (tmp_path / "model").mkdir()
     (tmp_path / "model" / "config.json").write_text(json.dumps({"model_type": "qwen3_5"}))
     lora = {"r": 8, "alpha": 16, "dropout": 0.05, "target_modules": ["q_proj", "v_proj"]}
-    for attn, expected in (("flash_attention_4", "1"), ("flash_attn", "")):
+    for attn, expected in (("flash_attention_4", "11"), ("flash_attn", "")):  # the shim, and the kernels' disk cache
         opts = argparse.Namespace(model=tmp_path / "model", steps=2, lora=lora, device="cuda", max_length=4096,
                                   swift_python=str(stand_in), swift_path=None, attn_impl=attn)
         run = peer_swift.run_swift(opts, {"env": {}}, tmp_path / attn, "recommended")
