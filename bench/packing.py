@@ -104,7 +104,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import shutil
 import statistics
 import sys
@@ -641,13 +640,13 @@ def main(argv=None) -> int:
         parser.error("the swift mode needs --tokenizer real: ms-swift's templates find the vision tokens by "
                      "Qwen3.5's ids")
 
-    # the train stage's allocator (training.setup.init_distributed), before the first CUDA allocation: its
-    # peak reserved is what a training run holds, not the default cache's blocks of every window length
-    os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+    from videosft.training.setup import cap_device_memory, use_train_allocator
+
+    # its peak reserved is then what a training run holds, not the default cache's blocks of every window length
+    use_train_allocator()
     import torch
 
     from videosft.training.batches import host_positions
-    from videosft.training.setup import cap_device_memory
     from videosft.training.sampling import epoch_plan, packed_epoch_plan
 
     device = torch.device(opts.device)

@@ -48,6 +48,8 @@ from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
+sys.path.insert(0, str(ROOT / "src"))
+from videosft.training.setup import ALLOCATOR  # noqa: E402  (this tree's, for both trees: a baseline may predate it)
 LEDGER = BENCH / "perf_ledger.jsonl"
 SPEED_DROP = 0.03  # tokens/s may fall this much (a fraction) before the guard fails
 MEMORY_RISE = 0.02  # peak reserved memory may grow this much
@@ -64,7 +66,7 @@ def environment(tree: Path = ROOT) -> dict:
 def packing_environment(tree: Path = ROOT) -> dict:
     """``environment`` with the train stage's allocator setting, unless one is set: bench/packing.py sets it
     itself only since 41d344b, so a tree from before measures its packs with the same allocator too."""
-    return {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True", **environment(tree)}
+    return {**ALLOCATOR, **environment(tree)}
 
 
 # ---------------------------------------------------------------- the comparison (no GPU needed)

@@ -85,14 +85,9 @@ def stage_message(log_text: str) -> str:
     if not starts:
         return "\n".join(lines[-TAIL_LINES:])
     last = lines[starts[-1]]
-    starts = starts[next(n for n, i in enumerate(starts) if lines[i] == last):]
-    messages: list[list[str]] = []  # one per rank that said it; a rank's may lack the record line another's has
-    for start, end in zip(starts, [*starts[1:], len(lines)]):
-        block = lines[start:end]
-        if any(kept[:len(block)] == block for kept in messages):
-            continue
-        messages = [kept for kept in messages if block[:len(kept)] != kept] + [block]
-    return "\n".join(line for block in messages for line in block)
+    # each rank that failed so said it; one rank's copy may lack the record line another's has
+    copies = [lines[start:end] for start, end in zip(starts, [*starts[1:], len(lines)]) if lines[start] == last]
+    return "\n".join(max(copies, key=len))
 
 
 def failed_jobs(snakemake_log: str) -> list[tuple[str, str]]:

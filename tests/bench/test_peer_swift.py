@@ -79,9 +79,24 @@ def test_packing_s_windows_export_with_their_frames_rate_and_budget(demo_config,
     assert all(row["visual_tokens"] == 8 * 4 for row in rows)
 
 
+LORA = {"r": 8, "alpha": 16, "dropout": 0.05, "target_modules": ["q_proj", "v_proj"]}
+
+
+def stand_in_options(tmp_path: Path, records: str, **options) -> argparse.Namespace:
+    """run_swift's options with a stand-in for ms-swift's interpreter (ms-swift is not installed here), which
+    runs ``records`` (Python) to keep what its process was given, and a model folder of one config."""
+    tmp_path.mkdir(exist_ok=True)
+    stand_in = tmp_path / "python"
+    stand_in.write_text(f"#!{sys.executable}\nimport json, os, sys\n{records}\n")
+    stand_in.chmod(0o755)
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text(json.dumps({"model_type": "qwen3_5"}))
+    return argparse.Namespace(model=tmp_path / "model", steps=2, lora=LORA, device="cuda", max_length=4096,
+                              swift_python=str(stand_in), swift_path=None, **options)
+
+
 def test_settings_differ_where_the_docstring_says(tmp_path):
-    lora = {"r": 8, "alpha": 16, "dropout": 0.05, "target_modules": ["q_proj", "v_proj"]}
-    ours, recommended = (peer_swift.swift_arguments(Path("m"), "qwen3_5", Path("d"), tmp_path, name, 8, lora, "cuda", 4096)
+    ours, recommended = (peer_swift.swift_arguments(Path("m"), "qwen3_5", Path("d"), tmp_path, name, 8, LORA, "cuda", 4096)
                          for name in ("ours", "recommended"))
     value = lambda args, flag: args[args.index(flag) + 1]  # noqa: E731
     assert value(ours, "--attn_impl") == "sdpa" and "--packing" not in ours and value(ours, "--deepspeed") == "zero3"
@@ -108,20 +123,12 @@ def test_the_summary_leaves_out_the_first_step_and_merges_losses(tmp_path):
 
 
 def test_a_simulated_card_reaches_ms_swift_s_process_and_its_command(tmp_path):
-    # ms-swift itself is not installed here: a stand-in interpreter records what its process is given
     seen = tmp_path / "seen.json"
-    stand_in = tmp_path / "python"
-    stand_in.write_text(f"#!{sys.executable}\nimport json, os, sys\n"
-                        f"json.dump({{'cap': os.environ.get('PEER_MEMORY_CAP_GIB'), 'argv': sys.argv[1:]}}, "
-                        f"open({str(seen)!r}, 'w'))\n")
-    stand_in.chmod(0o755)
-    (tmp_path / "model").mkdir()
-    (tmp_path / "model" / "config.json").write_text(json.dumps({"model_type": "qwen3_5"}))
+    records = (f"json.dump({{'cap': os.environ.get('PEER_MEMORY_CAP_GIB'), 'argv': sys.argv[1:]}}, "
+               f"open({str(seen)!r}, 'w'))")
     facts = {"env": {"FPS": "1"}}
-    lora = {"r": 8, "alpha": 16, "dropout": 0.05, "target_modules": ["q_proj", "v_proj"]}
     for cap, expected in ((12.0, "12.0"), (0.0, "")):
-        opts = argparse.Namespace(model=tmp_path / "model", steps=2, lora=lora, device="cuda", max_length=4096,
-                                  swift_python=str(stand_in), swift_path=None, memory_cap_gib=cap)
+        opts = stand_in_options(tmp_path / f"cap{cap:g}", records, memory_cap_gib=cap)
         run = peer_swift.run_swift(opts, facts, tmp_path / f"out{cap:g}", "ours")
         recorded = json.loads(seen.read_text())
         assert run["returncode"] == 0 and recorded["cap"] == expected
@@ -130,17 +137,15 @@ def test_a_simulated_card_reaches_ms_swift_s_process_and_its_command(tmp_path):
 
 
 def test_ms_swift_runs_without_deepspeed_when_asked_as_one_gpu_s_users_run_it(tmp_path):
-    lora = {"r": 8, "alpha": 16, "dropout": 0.05, "target_modules": ["q_proj", "v_proj"]}
-    bare = peer_swift.swift_arguments(Path("m"), "qwen3_5", Path("d"), tmp_path, "ours", 8, lora, "cuda", 4096, "none")
-    staged = peer_swift.swift_arguments(Path("m"), "qwen3_5", Path("d"), tmp_path, "ours", 8, lora, "cuda", 4096, "zero2")
+    bare = peer_swift.swift_arguments(Path("m"), "qwen3_5", Path("d"), tmp_path, "ours", 8, LORA, "cuda", 4096, "none")
+    staged = peer_swift.swift_arguments(Path("m"), "qwen3_5", Path("d"), tmp_path, "ours", 8, LORA, "cuda", 4096, "zero2")
     assert "--deepspeed" not in bare and bare[bare.index("--torch_dtype") + 1] == "bfloat16"
     assert staged[staged.index("--deepspeed") + 1] == "zero2"
     assert [a for a in staged if a not in ("--deepspeed", "zero2")] == bare
 
 
 def test_recommended_packs_one_epoch_with_the_flash_attention_asked_for(tmp_path):
-    lora = {"r": 8, "alpha": 16, "dropout": 0.05, "target_modules": ["q_proj", "v_proj"]}
-    args = peer_swift.swift_arguments(Path("m"), "qwen3_5", Path("d"), tmp_path, "recommended", None, lora, "cuda",
+    args = peer_swift.swift_arguments(Path("m"), "qwen3_5", Path("d"), tmp_path, "recommended", None, LORA, "cuda",
                                       16384, None, "flash_attention_4")
     value = lambda flag: args[args.index(flag) + 1]  # noqa: E731
     assert "--max_steps" not in args and value("--num_train_epochs") == "1"
@@ -188,18 +193,11 @@ def test_flash_attn_4_is_given_ints_where_transformers_passes_a_tensor(tmp_path,
 
 
 def test_the_flash_attn_4_shim_is_asked_for_and_shown_only_with_flash_attn_4(tmp_path):
-    stand_in = tmp_path / "python"
     seen = tmp_path / "seen.txt"
-    stand_in.write_text(f"#!{sys.executable}\nimport os\n"
-                        f"open({str(seen)!r}, 'w').write(os.environ.get('PEER_FA4_SEQLEN_AS_INT', '') + "
-                        f"os.environ.get('FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED', ''))\n")
-    stand_in.chmod(0o755)
-    (tmp_path / "model").mkdir()
-    (tmp_path / "model" / "config.json").write_text(json.dumps({"model_type": "qwen3_5"}))
-    lora = {"r": 8, "alpha": 16, "dropout": 0.05, "target_modules": ["q_proj", "v_proj"]}
+    records = (f"open({str(seen)!r}, 'w').write(os.environ.get('PEER_FA4_SEQLEN_AS_INT', '') + "
+               f"os.environ.get('FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED', ''))")
     for attn, expected in (("flash_attention_4", "11"), ("flash_attn", "")):  # the shim, and the kernels' disk cache
-        opts = argparse.Namespace(model=tmp_path / "model", steps=2, lora=lora, device="cuda", max_length=4096,
-                                  swift_python=str(stand_in), swift_path=None, attn_impl=attn)
+        opts = stand_in_options(tmp_path / attn, records, attn_impl=attn)
         run = peer_swift.run_swift(opts, {"env": {}}, tmp_path / attn, "recommended")
         assert seen.read_text() == expected
         assert ("flash-attn-4 given max_seqlen as int" in run["command"]) == bool(expected)

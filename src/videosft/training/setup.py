@@ -19,6 +19,19 @@ from ..models.lora import target_module_names
 
 
 SHM_COMM_OP = "deepspeed_shm_comm"  # DeepSpeed's name for its CPU shared-memory collectives op
+# The train stage's CUDA allocator. A long clip allocates and frees blocks of many sizes (layer inputs
+# coming back from the host, offloaded weights); segments that grow keep the cache from fragmenting
+# (bench/RESULTS.md).
+ALLOCATOR = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
+
+
+def use_train_allocator() -> None:
+    """The train stage's allocator for this process, unless the user set one; before the first CUDA
+    allocation (benchmarks that measure the stage's memory call it too)."""
+    import os
+
+    for key, value in ALLOCATOR.items():
+        os.environ.setdefault(key, value)
 
 
 def init_distributed(seed: int, timeout_s: int) -> int:
@@ -26,10 +39,7 @@ def init_distributed(seed: int, timeout_s: int) -> int:
     import datetime as dt
     import os
 
-    # Before the first CUDA allocation. A long clip allocates and frees blocks of many sizes (layer
-    # inputs coming back from the host, offloaded weights); segments that grow keep the cache from
-    # fragmenting (bench/RESULTS.md). A value set by the user wins.
-    os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+    use_train_allocator()
     import deepspeed
     import torch
 
