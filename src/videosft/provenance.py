@@ -207,8 +207,10 @@ def exit_after(main, hard: bool = False) -> None:
         if os.environ.get(DEBUG) == "1":
             raise
         kept = getattr(error, "kept_record", None)
-        print(f"error: {error}" + (f"\n(the run record, with the traceback: {kept})" if kept else ""),
-              file=sys.stderr)
+        # one write: torchrun starts its ranks unbuffered (python -u), and print's separate write of the
+        # newline let another rank's message land inside this one's line
+        sys.stderr.write(f"error: {error}" + (f"\n(the run record, with the traceback: {kept})" if kept else "") + "\n")
+        sys.stderr.flush()
         code = 1
     gc.freeze()
     if hard:
