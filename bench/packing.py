@@ -485,7 +485,8 @@ def run_mode(name, batches_of, rows, model, optimizer, video_processor, position
             "median_step_seconds": statistics.median(s["seconds"] for s in steps), "peak_allocated_gib": peak,
             "peak_reserved_gib": reserved, "first_loss": first_loss,
             "model_flops_per_second": sum(s["flops"] for s in steps) / seconds, "profile": profile,
-            **attention}
+            # each timed step: a mean far above the median means a few slow steps (a new shape's first run)
+            "steps": [[round(s["seconds"], 3), s["tokens"]] for s in steps], **attention}
 
 
 def run_swift_mode(order: list[int], rows, model_dir: Path, merge_size: int, device, opts, flops_of) -> dict:

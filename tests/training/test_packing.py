@@ -145,6 +145,20 @@ def test_each_sample_in_a_pack_has_its_loss_alone(family_pack):
     torch.testing.assert_close(loss, torch.cat(alone).mean(), atol=ATOL, rtol=RTOL)
 
 
+def test_token_losses_are_the_whole_sequences_losses_at_a_samples_supervised_targets(family_pack):
+    """token_losses asks the model for logits at the supervised positions only (a 16k-token pack's whole
+    logits are 16 GiB at Qwen3.5's vocabulary): the same losses as the whole sequence's logits give."""
+    family, model, rows, alone, pack, bounds = family_pack
+    with torch.no_grad():
+        logits = model(**{k: v for k, v in pack.items() if k != "labels"}, use_cache=False).logits[0].float()
+    for start, end in zip(bounds[:-1], bounds[1:]):
+        targets = pack["labels"][0, start + 1:end]
+        kept = targets != IGNORE_INDEX
+        expected = torch.nn.functional.cross_entropy(logits[start:end - 1][kept], targets[kept], reduction="none")
+        assert kept.any()
+        torch.testing.assert_close(token_losses(model, pack, start, end), expected, atol=1e-6, rtol=1e-6)
+
+
 def test_without_restarting_positions_attention_crosses_the_boundary(family_pack):
     """The equality above can fail: one position row running on through the pack lets the
     full-attention layers see the samples before (no block-diagonal mask)."""

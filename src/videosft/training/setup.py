@@ -80,6 +80,8 @@ def cap_device_memory(gib: float | None, device) -> None:
     device = torch.device(device)
     if not gib or device.type != "cuda":
         return
+    if device.index is None:  # "cuda": the current device (the allocator's cap takes an index only)
+        device = torch.device("cuda", torch.cuda.current_device())
     total = torch.cuda.get_device_properties(device).total_memory
     torch.cuda.set_per_process_memory_fraction(min(1.0, gib * 2**30 / total), device)
 
