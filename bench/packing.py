@@ -37,7 +37,10 @@ Batches are prepared one ahead on a host thread (``videosft.training.batches.Bat
 from lossless WebP frames as the train stage does. Per mode: real tokens/s (padding not counted),
 samples/s, and *data wait*: the share of step time spent in ``take()`` waiting for the batch to be
 ready (each step ends on ``loss.item()``, so the device is idle while the host waits). The first
-``--warmup`` micro-batches of each mode are not timed (Triton compiles and autotunes there).
+``--warmup`` micro-batches of each mode are not timed (Triton compiles and autotunes there). The json
+line of a mode lists every timed step (``steps``: seconds, tokens, and what it met first: fla keys
+autotuned, attention buckets new to cuDNN, memory newly reserved), so that a mean step far above the
+median names its slow steps and, often, their cause.
 With ``--profile DIR`` the middle micro-batch of each mode runs under ``torch.profiler`` (not timed): its operator table and timeline go to DIR, and the log gets the timeline's summary
 (``bench/trace_summary.py``: how long the device computed, and what the host ran while it waited).
 
@@ -429,6 +432,44 @@ def write_step_profile(profiler, device, directory: Path, name: str, seconds: fl
         trace_summary.load_events(table.with_suffix(".trace.json.gz")), top=8)}
 
 
+class StepEvents:
+    """What a step met for the first time in this process, which the median step does not pay: fla kernels
+    autotuned (new keys in their choice caches: the committed table lacked the key and no nearest one
+    answered), attention buckets new to cuDNN (a plan each, forward and backward), and memory the
+    allocator had to reserve. A slow step with none of these is slow for another reason."""
+
+    def __init__(self, device, rows):
+        self.device, self.rows, self.buckets = device, rows, set()
+        self.tuners = {}
+        if device.type == "cuda" and "fla" in sys.modules:
+            from videosft.kernels import autotune
+
+            self.tuners = autotune.autotuners()
+
+    def _tuned(self) -> int:
+        return sum(len(tuner.cache) - len(getattr(tuner.cache, "borrowed", {})) for tuner in self.tuners.values())
+
+    def _reserved(self) -> float:
+        import torch
+
+        return torch.cuda.memory_reserved(self.device) / 2**30 if self.device.type == "cuda" else 0.0
+
+    def start(self) -> None:
+        self.before = (self._tuned(), self._reserved())
+
+    def end(self, indices) -> dict:
+        from videosft.kernels import attention_backends
+
+        new_buckets = 0
+        if attention_backends._buckets["on"]:
+            for index in indices:
+                bucket = attention_backends.bucket_length(self.rows[index]["input_tokens"])
+                new_buckets += bucket not in self.buckets
+                self.buckets.add(bucket)
+        return {"autotuned": self._tuned() - self.before[0], "new_buckets": new_buckets,
+                "reserved_gib_added": round(self._reserved() - self.before[1], 3)}
+
+
 def run_mode(name, batches_of, rows, model, optimizer, video_processor, positions, device, opts, flops_of) -> dict:
     import torch
 
@@ -447,9 +488,11 @@ def run_mode(name, batches_of, rows, model, optimizer, video_processor, position
                          decode_processes=None)  # as the train stage: worker processes on a GPU
     loss_of = model_loss if name == "savvy" else supervised_loss
     steps, profile, first_loss = [], None, None
+    events = StepEvents(device, rows)
     try:
         for number, indices in enumerate(batches_of):
             profiler = start_profiler(device) if profiled_step(opts, number, len(batches_of)) else None
+            events.start()
             started = time.perf_counter()
             batch = ahead.take(indices)
             waited = time.perf_counter() - started
@@ -467,7 +510,8 @@ def run_mode(name, batches_of, rows, model, optimizer, video_processor, position
                       flush=True)
             elif number >= min(opts.warmup, len(batches_of) - 1):  # at least one timed
                 steps.append({"seconds": time.perf_counter() - started, "waited": waited, "tokens": tokens_in(batch),
-                              "slots": batch["input_ids"].numel(), "samples": len(indices), "flops": flops_of(indices)})
+                              "slots": batch["input_ids"].numel(), "samples": len(indices), "flops": flops_of(indices),
+                              **events.end(indices)})
     except torch.cuda.OutOfMemoryError as error:  # under --memory-cap-gib: this mode does not fit the card
         ahead.close()
         cap = f" under the {opts.memory_cap_gib:g} GiB cap" if opts.memory_cap_gib else ""
@@ -485,8 +529,10 @@ def run_mode(name, batches_of, rows, model, optimizer, video_processor, position
             "median_step_seconds": statistics.median(s["seconds"] for s in steps), "peak_allocated_gib": peak,
             "peak_reserved_gib": reserved, "first_loss": first_loss,
             "model_flops_per_second": sum(s["flops"] for s in steps) / seconds, "profile": profile,
-            # each timed step: a mean far above the median means a few slow steps (a new shape's first run)
-            "steps": [[round(s["seconds"], 3), s["tokens"]] for s in steps], **attention}
+            # each timed step: a mean far above the median means a few slow steps; what each met first (StepEvents)
+            "steps": [{"seconds": round(s["seconds"], 3), "tokens": s["tokens"], "autotuned": s["autotuned"],
+                       "new_buckets": s["new_buckets"], "reserved_gib_added": s["reserved_gib_added"]} for s in steps],
+            **attention}
 
 
 def run_swift_mode(order: list[int], rows, model_dir: Path, merge_size: int, device, opts, flops_of) -> dict:
