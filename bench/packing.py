@@ -503,6 +503,7 @@ def run_mode(name, batches_of, rows, model, optimizer, video_processor, position
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             value = loss.item()  # the step's end on the device
+            met = events.end(indices)  # every step, so that warm-up steps' buckets are not new to a timed one
             first_loss = value if number == 0 else first_loss
             if profiler is not None:
                 profile = write_step_profile(profiler, device, opts.profile, name, time.perf_counter() - started)
@@ -511,7 +512,7 @@ def run_mode(name, batches_of, rows, model, optimizer, video_processor, position
             elif number >= min(opts.warmup, len(batches_of) - 1):  # at least one timed
                 steps.append({"seconds": time.perf_counter() - started, "waited": waited, "tokens": tokens_in(batch),
                               "slots": batch["input_ids"].numel(), "samples": len(indices), "flops": flops_of(indices),
-                              **events.end(indices)})
+                              **met})
     except torch.cuda.OutOfMemoryError as error:  # under --memory-cap-gib: this mode does not fit the card
         ahead.close()
         cap = f" under the {opts.memory_cap_gib:g} GiB cap" if opts.memory_cap_gib else ""
