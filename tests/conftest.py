@@ -43,11 +43,21 @@ def _forget_outputs():
     yield
 
 
-# The files that took longest in CI (README), longest first. The two workers take whole files in
-# collection order (--no-loadscope-reorder), so these start at once instead of ending the run alone.
-LONGEST_FIRST = ["workflow/test_learning.py", "workflow/test_slurm.py", "stages/test_train_policies.py",
-                 "workflow/test_workflow.py", "models/test_families.py"]
-
+# The files that take longest (a fresh clone's --durations=0 on 2 cores, 2026-12-03: learning 531 s,
+# workflow 222, Slurm 210, train policies 161, families 144, then 53 s down to 11), longest first. The
+# two workers take whole files in collection order (--no-loadscope-reorder), so the short files fill
+# the end instead of one long file running alone (a tail of 34 s files left a core half idle for two
+# minutes). The Slurm file waits on its executor's polling most of its time and the learning file
+# starts with the demo's pretraining, one process: side by side they can leave a core idle, so the
+# Slurm file comes third, when the learning file trains on two ranks (vmstat: under 2% idle from the
+# first minute on; from the sixth before).
+LONGEST_FIRST = ["workflow/test_learning.py", "stages/test_train_policies.py", "workflow/test_slurm.py",
+                 "workflow/test_workflow.py", "models/test_families.py",
+                 "stages/test_sequence_parallel_training.py", "stages/test_train_verify.py",
+                 "stages/test_packed_training.py", "stages/test_whole_blocks.py", "workflow/test_user_data.py",
+                 "workflow/test_user_errors.py", "stages/test_train_data_scale.py", "stages/test_four_ranks.py",
+                 "stages/test_real_videos.py", "training/test_sequence_parallel.py", "stages/test_report.py",
+                 "stages/test_errors.py", "encoding/test_layout.py"]
 
 # Slow cases of parametrized tests whose other cases are fast (a marker line on the test would take
 # them all), by node id under tests/. The rest of the slow tests say so in their files.
@@ -65,6 +75,9 @@ def pytest_collection_modifyitems(config, items):
     def rank(item) -> int:
         return LONGEST_FIRST.index(relative(item)) if relative(item) in LONGEST_FIRST else len(LONGEST_FIRST)
 
+    moved = [name for name in LONGEST_FIRST if not (Path(__file__).parent / name).is_file()]
+    if moved:
+        raise pytest.UsageError(f"tests/conftest.py LONGEST_FIRST names files that do not exist: {moved}")
     for item in items:
         if f"{relative(item)}::{item.name}" in SLOW_CASES:
             item.add_marker(pytest.mark.slow)
