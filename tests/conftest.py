@@ -46,8 +46,8 @@ def _forget_outputs():
 # The files that take longest (a fresh clone's --durations=0 on 2 cores, 2026-12-03: learning 531 s,
 # workflow 222, Slurm 210, train policies 161, families 144, then 53 s down to 11), longest first. The
 # two workers take whole files in collection order (--no-loadscope-reorder), so the short files fill
-# the end instead of one long file running alone (a tail of 34 s files left a core half idle for two
-# minutes). The Slurm file waits on its executor's polling most of its time and the learning file
+# the end instead of longer ones running alone (before, two 34 s files ended the run with a core idle
+# up to half the time over its last three minutes). The Slurm file waits on its executor's polling most of its time and the learning file
 # starts with the demo's pretraining, one process: side by side they can leave a core idle, so the
 # Slurm file comes third, when the learning file trains on two ranks (vmstat: under 2% idle from the
 # first minute on; from the sixth before).
