@@ -447,7 +447,9 @@ class StepEvents:
             self.tuners = autotune.autotuners()
 
     def _tuned(self) -> int:
-        return sum(len(tuner.cache) - len(getattr(tuner.cache, "borrowed", {})) for tuner in self.tuners.values())
+        from videosft.kernels import autotune
+
+        return sum(len(entries) for entries in autotune.choices(self.tuners).values())
 
     def _reserved(self) -> float:
         import torch

@@ -47,10 +47,10 @@ def _forget_outputs():
 # workflow 222, Slurm 210, train policies 161, families 144, then 53 s down to 11), longest first. The
 # two workers take whole files in collection order (--no-loadscope-reorder), so the short files fill
 # the end instead of longer ones running alone (before, two 34 s files ended the run with a core idle
-# up to half the time over its last three minutes). The Slurm file waits on its executor's polling most of its time and the learning file
-# starts with the demo's pretraining, one process: side by side they can leave a core idle, so the
-# Slurm file comes third, when the learning file trains on two ranks (vmstat: under 2% idle from the
-# first minute on; from the sixth before).
+# up to half the time over its last three minutes). The Slurm file waits on its executor's polling
+# most of its time and the learning file starts with the demo's pretraining, one process: side by
+# side they can leave a core idle, so the Slurm file comes third, when the learning file trains on
+# two ranks (vmstat: under 2% idle from the first minute on; from the sixth before).
 LONGEST_FIRST = ["workflow/test_learning.py", "stages/test_train_policies.py", "workflow/test_slurm.py",
                  "workflow/test_workflow.py", "models/test_families.py",
                  "stages/test_sequence_parallel_training.py", "stages/test_train_verify.py",
