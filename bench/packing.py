@@ -36,8 +36,13 @@ others run. Every mode trains on the same samples, one epoch of the same seeded 
 Batches are prepared one ahead on a host thread (``videosft.training.batches.BatchesAhead``), pixels rebuilt
 from lossless WebP frames as the train stage does. Per mode: real tokens/s (padding not counted),
 samples/s, and *data wait*: the share of step time spent in ``take()`` waiting for the batch to be
-ready (each step ends on ``loss.item()``, so the device is idle while the host waits). The first
-``--warmup`` micro-batches of each mode are not timed (Triton compiles and autotunes there). The json
+ready (each step ends on ``loss.item()``, so the device is idle while the host waits). Each mode runs
+its epoch's micro-batches ``--passes`` times (default 2) and only the last pass is timed: Triton
+compiles a kernel again for each new specialization of its arguments (it specializes integers, e.g.
+on divisibility by 16), so in a machine's first process the first pack, the first pack whose length
+is a multiple of 16 and the short last pack took 0.9-2.4 s more, none of them autotuning or meeting a
+new attention bucket (stop 48: 9,636 tokens/s there, 14,893 in the next process, same packs), and a trainer run after another finds the kernels in Triton's disk cache. With ``--passes
+1`` the first ``--warmup`` micro-batches are the untimed ones, as before. The json
 line of a mode lists every timed step (``steps``: seconds, tokens, and what it met first: fla keys
 autotuned, attention buckets new to cuDNN, memory newly reserved), so that a mean step far above the
 median names its slow steps and, often, their cause.
@@ -75,10 +80,10 @@ unpacked mode's order, as ms-swift's dataset (the same frames as PNG lists, ``FP
 per-frame budget set so its template keeps our frame size, our chat's messages), and its
 ``run_swift`` runs ``swift sft`` in ms-swift's own interpreter (``--swift-python``, ``--swift-path``)
 with its settings closest to ours (``ours`` there: LoRA on the same modules and rank, gradient
-checkpointing, frozen vision tower, SDPA, one window per step, no packing), one epoch without
+checkpointing, frozen vision tower, SDPA, one window per step, no packing), ``--passes`` epochs without
 shuffling (``--dataset_shuffle false --train_dataloader_shuffle false``, ``--max_steps`` = the number
-of samples: its steps are our unpacked mode's windows, in order). Its steps are timed by peer_swift's
-callback and aggregated here as ours are (real tokens/s over the steps after ``--warmup``, the
+of samples times the passes: its steps are our unpacked mode's windows, in order). Its steps are timed
+by peer_swift's callback and aggregated here as ours are (real tokens/s over its last epoch, the
 median step, the peaks of allocated and reserved memory, the loss of step 0), and the table gives
 ours / ms-swift for each of our modes. What the comparison is not:
 
@@ -412,9 +417,17 @@ def flops_counter(config, rows):
     return of
 
 
-def profiled_step(opts, number: int, total: int) -> bool:
-    """The middle micro-batch of the mode (past the warmup), if one is left to time besides it."""
-    return opts.profile is not None and number == max(opts.warmup, total // 2) and total > opts.warmup + 1
+def first_timed(opts, per_pass: int) -> int:
+    """The first timed step of a mode whose epoch has ``per_pass`` steps: the last pass's first with
+    ``--passes`` above 1, else the first after ``--warmup`` (at least one timed)."""
+    if opts.passes > 1:
+        return (opts.passes - 1) * per_pass
+    return min(opts.warmup, per_pass - 1)
+
+
+def profiled_step(opts, number: int, first: int, total: int) -> bool:
+    """The middle step of the timed ones (``first`` to ``total``), if one is left to time besides it."""
+    return opts.profile is not None and number == first + (total - first) // 2 and total > first + 1
 
 
 def write_step_profile(profiler, device, directory: Path, name: str, seconds: float) -> dict:
@@ -491,15 +504,16 @@ def run_mode(name, batches_of, rows, model, optimizer, video_processor, position
     loss_of = model_loss if name == "savvy" else supervised_loss
     steps, profile, first_loss = [], None, None
     events = StepEvents(device, rows)
+    schedule, first = batches_of * opts.passes, first_timed(opts, len(batches_of))
     try:
-        for number, indices in enumerate(batches_of):
-            profiler = start_profiler(device) if profiled_step(opts, number, len(batches_of)) else None
+        for number, indices in enumerate(schedule):
+            profiler = start_profiler(device) if profiled_step(opts, number, first, len(schedule)) else None
             events.start()
             started = time.perf_counter()
             batch = ahead.take(indices)
             waited = time.perf_counter() - started
-            if number + 1 < len(batches_of):
-                ahead.announce(batches_of[number + 1])
+            if number + 1 < len(schedule):
+                ahead.announce(schedule[number + 1])
             loss = loss_of(model, batch)
             loss.backward()
             optimizer.step()
@@ -511,7 +525,7 @@ def run_mode(name, batches_of, rows, model, optimizer, video_processor, position
                 profile = write_step_profile(profiler, device, opts.profile, name, time.perf_counter() - started)
                 print(f"{name}: profiled micro-batch {number} ({tokens_in(batch)} tokens): {json.dumps(profile)}",
                       flush=True)
-            elif number >= min(opts.warmup, len(batches_of) - 1):  # at least one timed
+            elif number >= first:
                 steps.append({"seconds": time.perf_counter() - started, "waited": waited, "tokens": tokens_in(batch),
                               "slots": batch["input_ids"].numel(), "samples": len(indices), "flops": flops_of(indices),
                               **met})
@@ -540,8 +554,9 @@ def run_mode(name, batches_of, rows, model, optimizer, video_processor, position
 
 def run_swift_mode(order: list[int], rows, model_dir: Path, merge_size: int, device, opts, flops_of) -> dict:
     """ms-swift's ``swift sft`` (bench/peer_swift.py, settings ``--swift-settings``) on ``rows`` in ``order``
-    (the unpacked mode's), one epoch, its steps aggregated as ``run_mode`` aggregates ours: with ``ours``
-    one window a step; with ``recommended`` packs it makes itself up to our pack budget (``--pack-tokens``)."""
+    (the unpacked mode's), ``--passes`` epochs timed as ours (``first_timed``), its steps aggregated as
+    ``run_mode`` aggregates ours: with ``ours`` one window a step; with ``recommended`` packs it makes
+    itself up to our pack budget (``--pack-tokens``), the same packs each epoch (no shuffling)."""
     import peer_swift
 
     data = opts.work / "swift-data"
@@ -549,7 +564,8 @@ def run_swift_mode(order: list[int], rows, model_dir: Path, merge_size: int, dev
     facts = peer_swift.export_rows([rows[i] for i in order], merge_size, data, "bench/packing.py's samples")
     longest = max(row["input_tokens"] for row in rows)
     packed = opts.swift_settings == "recommended"
-    options = argparse.Namespace(model=model_dir, steps=None if packed else len(order), lora=peer_swift.default_lora(),
+    options = argparse.Namespace(model=model_dir, steps=None if packed else opts.passes * len(order),
+                                 epochs=opts.passes, lora=peer_swift.default_lora(),
                                  device="cpu" if device.type == "cpu" else "cuda",
                                  max_length=opts.pack_tokens if packed else max(65536, 2 * longest),
                                  swift_python=opts.swift_python, swift_path=opts.swift_path,
@@ -560,24 +576,28 @@ def run_swift_mode(order: list[int], rows, model_dir: Path, merge_size: int, dev
     if run["returncode"] != 0 or not run.get("steps"):
         log = Path(run["log"]).read_text()[-3000:] if Path(run["log"]).exists() else ""
         return {**failed, "failed": log}
-    if not packed and run["steps"] != len(order):  # then its steps are not our windows one for one
-        return {**failed, "failed": f"ms-swift ran {run['steps']} steps for {len(order)} samples"}
-    if packed and sum(run["tokens_per_step"]) < sum(facts["our_input_tokens"]):  # an epoch holds every window
-        return {**failed, "failed": f"ms-swift's {run['steps']} packs hold {sum(run['tokens_per_step'])} tokens, "
-                f"fewer than the epoch's {sum(facts['our_input_tokens'])}: windows were dropped or cut"}
     steps = run["steps"]
-    first = min(opts.warmup, steps - 1)  # at least one timed, as run_mode
+    if not packed and steps != opts.passes * len(order):  # then its steps are not our windows one for one
+        return {**failed, "failed": f"ms-swift ran {steps} steps for {opts.passes} x {len(order)} samples"}
+    if steps % opts.passes:
+        return {**failed, "failed": f"ms-swift ran {steps} steps, not {opts.passes} epochs of one count"}
+    per_pass = steps // opts.passes
+    epoch = run["tokens_per_step"][steps - per_pass:]  # its last epoch's steps
+    if packed and sum(epoch) < sum(facts["our_input_tokens"]):  # an epoch holds every window
+        return {**failed, "failed": f"ms-swift's {per_pass} packs hold {sum(epoch)} tokens, fewer than the "
+                f"epoch's {sum(facts['our_input_tokens'])}: windows were dropped or cut"}
+    first = first_timed(opts, per_pass)
     tokens, seconds = sum(run["tokens_per_step"][first:]), sum(run["seconds_per_step"][first:])
     gpu = device.type == "cuda"
     slowest = max(range(first, steps), key=lambda k: run["seconds_per_step"][k])
     if packed:  # which windows a pack holds is ms-swift's choice: the timed steps' share of the epoch's FLOPs
-        windows = len(order) * tokens / sum(run["tokens_per_step"])
-        flops = flops_of(list(range(len(rows)))) * tokens / sum(run["tokens_per_step"])
-        extra = [round((sum(run["tokens_per_step"]) - sum(facts["our_input_tokens"])) / len(order))] * 2
+        windows = len(order) * tokens / sum(epoch)
+        flops = flops_of(list(range(len(rows)))) * tokens / sum(epoch)
+        extra = [round((sum(epoch) - sum(facts["our_input_tokens"])) / len(order))] * 2
     else:
-        windows, flops = steps - first, sum(flops_of([i]) for i in order[first:])
+        windows, flops = steps - first, sum(flops_of([i]) for i in (order * opts.passes)[first:])
         # its template's tokens per window minus ours: one constant when both read the same windows in the same order
-        extra = [theirs - ours for theirs, ours in zip(run["tokens_per_step"], facts["our_input_tokens"])]
+        extra = [theirs - ours for theirs, ours in zip(epoch, facts["our_input_tokens"])]
     return {"mode": "swift", "settings": opts.swift_settings, "packed": packed, "micro_batches": steps - first,
             "samples": windows, "tokens_per_second": tokens / seconds, "samples_per_second": windows / seconds,
             "padding_share": 0.0, "data_wait_share": None,
@@ -585,7 +605,7 @@ def run_swift_mode(order: list[int], rows, model_dir: Path, merge_size: int, dev
             "peak_allocated_gib": run["peak_allocated_gib"] if gpu else None,
             "peak_reserved_gib": run["peak_reserved_gib"] if gpu else None, "first_loss": run["step0_loss"],
             "model_flops_per_second": flops / seconds, "profile": None,
-            "swift_tokens": sum(run["tokens_per_step"]), "our_tokens": sum(facts["our_input_tokens"]),
+            "passes": opts.passes, "swift_tokens": sum(epoch), "our_tokens": sum(facts["our_input_tokens"]),
             "swift_tokens_per_step": run["tokens_per_step"], "extra_tokens_per_window": [min(extra), max(extra)],
             # a timed step far above the median (fla autotuning a new shape in its process, say) weighs on its
             # tokens/s as on ours: shown beside the result
@@ -623,7 +643,7 @@ def swift_ratios(results: list[dict], swift: dict) -> list[str]:
     slowest = swift["slowest_timed_step"]
     return [table(["ours (mode)", "tokens/s", "median step", "peak allocated", "peak reserved", "step-0 loss"], rows), "",
             f"ms-swift: `{swift['command']}` in its own interpreter; {swift['micro_batches']} steps timed of "
-            f"{len(swift['swift_tokens_per_step'])} ("
+            f"{len(swift['swift_tokens_per_step'])} in {swift['passes']} epoch(s), as ours: the last epoch's ("
             + ("its own packs of the windows up to the same budget as ours; its MFU counts the timed steps' share of "
                "the epoch's model FLOPs by tokens" if swift.get("packed") else
                "one window each, in the unpacked mode's order")
@@ -674,7 +694,10 @@ def main(argv=None) -> int:
     parser.add_argument("--swift-deepspeed", default=None, choices=["zero2", "zero3", "none"],
                         help="ms-swift's DeepSpeed stage: by default its settings' (ours: ZeRO-3 as the train stage "
                         "runs; recommended: ZeRO-2), or none, as this script's modes run")
-    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--passes", type=int, default=2,
+                        help="run each mode's epoch (and ms-swift's) this many times; time the last (default 2: "
+                        "every kernel specialization compiled before timing, whichever trainer ran first)")
+    parser.add_argument("--warmup", type=int, default=2, help="with --passes 1: the micro-batches not timed")
     parser.add_argument("--no-checkpointing", dest="checkpointing", action="store_false",
                         help="train without gradient checkpointing (train.gradient_checkpointing: false)")
     parser.add_argument("--profile", type=Path, help="profile one micro-batch per mode; tables and timelines here")
@@ -685,6 +708,8 @@ def main(argv=None) -> int:
     opts = parser.parse_args(argv)
     if opts.device == "cpu" and opts.model_config == "tiny" and "--samples" not in " ".join(sys.argv):
         opts.samples, opts.frame_size, opts.window_seconds, opts.pack_tokens = 16, [64, 64], 16.0, 512
+    if opts.passes < 1:
+        parser.error(f"--passes {opts.passes}: at least 1 (the pass that is timed)")
     opts.tokenizer = opts.tokenizer or ("real" if "swift" in opts.modes else "synthetic")
     if "swift" in opts.modes and opts.tokenizer != "real":
         parser.error("the swift mode needs --tokenizer real: ms-swift's templates find the vision tokens by "
@@ -778,7 +803,7 @@ def main(argv=None) -> int:
         swift = run_swift_mode(order, rows, opts.weights, config.vision_config.spatial_merge_size, device, opts,
                                flops_of)
         print(json.dumps({k: v for k, v in swift.items() if k != "swift_tokens_per_step"}), flush=True)
-        print(f"ms-swift: {time.perf_counter() - started:.0f} s in all (export, start, {len(rows)} steps)", flush=True)
+        print(f"ms-swift: {time.perf_counter() - started:.0f} s in all (export, start, its steps)", flush=True)
         if "failed" not in swift:
             results.append(swift)
     if opts.tokenizer == "real":

@@ -238,10 +238,10 @@ def deepspeed_stage(settings: str, requested: str | None = None) -> str | None:
 
 def swift_arguments(model: Path, model_type: str, dataset: Path, out: Path, settings: str, steps: int | None,
                     lora: dict, device: str, max_length: int, deepspeed: str | None = None,
-                    attn_impl: str = "flash_attn") -> list[str]:
+                    attn_impl: str = "flash_attn", epochs: int = 1) -> list[str]:
     """`swift sft`'s arguments for ``settings`` (module docstring); ``deepspeed`` ("zero2", "zero3" or
-    "none") in place of the settings' own stage on a GPU; ``steps`` None: one epoch (packs are made by
-    ms-swift, so their count is its own); ``attn_impl`` the flash attention ``recommended`` runs
+    "none") in place of the settings' own stage on a GPU; ``steps`` None: ``epochs`` epochs (packs are made
+    by ms-swift, so their count is its own); ``attn_impl`` the flash attention ``recommended`` runs
     (ms-swift's packing takes flash_attn, flash_attention_2, _3 or _4)."""
     args = ["--model", str(model), "--model_type", model_type, "--template", model_type, "--check_model", "false",
             "--dataset", str(dataset), "--tuner_type", "lora", "--lora_rank", str(lora["r"]),
@@ -249,7 +249,7 @@ def swift_arguments(model: Path, model_type: str, dataset: Path, out: Path, sett
             "--target_modules", *lora["target_modules"], "--freeze_vit", "true", "--freeze_aligner", "true",
             "--gradient_checkpointing", "true", "--per_device_train_batch_size", "1",
             "--gradient_accumulation_steps", "1",
-            *(["--max_steps", str(steps)] if steps else ["--num_train_epochs", "1"]), "--learning_rate", "2e-4",
+            *(["--max_steps", str(steps)] if steps else ["--num_train_epochs", str(epochs)]), "--learning_rate", "2e-4",
             "--max_length", str(max_length), "--logging_steps", "1", "--save_strategy", "no", "--report_to", "none",
             "--dataloader_num_workers", "1", "--include_num_input_tokens_seen", "true", "--output_dir", str(out),
             "--dataset_shuffle", "false", "--train_dataloader_shuffle", "false", "--split_dataset_ratio", "0"]
@@ -272,7 +272,8 @@ def run_swift(opts, facts: dict, out: Path, settings: str) -> dict:
     run_dir.mkdir(parents=True, exist_ok=True)
     attn_impl = getattr(opts, "attn_impl", "flash_attn")
     args = swift_arguments(opts.model, model_type, out / "swift.jsonl", run_dir / "output", settings, opts.steps,
-                           opts.lora, opts.device, opts.max_length, getattr(opts, "deepspeed", None), attn_impl)
+                           opts.lora, opts.device, opts.max_length, getattr(opts, "deepspeed", None), attn_impl,
+                           getattr(opts, "epochs", 1))
     env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
     env.update(facts["env"], HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1",
                MODELSCOPE_OFFLINE="1")

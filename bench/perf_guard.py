@@ -14,7 +14,9 @@ Run it on a GPU before landing a change to the train stage, the kernels, sample 
   length, the train stage on one GPU (``bench/train_throughput.py --trainers ours``);
 * ``packed``: the mixed-length QVHighlights-shaped set in packs of 16k tokens (``bench/packing.py
   --modes packed``), with the train stage's allocator setting for both trees (ledger entries before
-  41d344b reserved the default cache's blocks: 39.7 GiB for 14 GiB allocated);
+  41d344b reserved the default cache's blocks: 39.7 GiB for 14 GiB allocated), the epoch's second pass
+  timed when both trees can (``--passes 2``; with one pass the tree run second can find the first
+  one's Triton kernels compiled on disk);
 * ``plan12``: the one-GPU 12 GiB plan: the train stage under ``train.memory_cap_gib: 12`` at the frame
   count the probe plans for that card (``bench/train_throughput.py --cap-gib 12``).
 
@@ -156,12 +158,26 @@ def train_stage_case(tree: Path, out: Path, work: Path, frames: list[int], cap_g
             "frames": int(frame_count)}
 
 
-def packed_case(tree: Path, out: Path) -> dict:
+def times_passes(tree: Path) -> bool:
+    """Whether the tree's bench/packing.py runs its epoch several times and times the last (``--passes``)."""
+    return "--passes" in (tree / "bench" / "packing.py").read_text()
+
+
+def packing_passes(trees: list[Path]) -> int:
+    """The passes both trees' packed runs make: 2 (every kernel compiled before the timed pass, so the tree
+    that runs second does not time fewer compiles from Triton's disk cache) when every tree can, else 1, so
+    that a tree from before ``--passes`` and this one time the same steps."""
+    return 2 if all(times_passes(tree) for tree in trees) else 1
+
+
+def packed_case(tree: Path, out: Path, passes: int = 1) -> dict:
     """The mixed-length set in packs, through the tree's bench/packing.py (its last JSON line is the packed
-    mode's)."""
+    mode's), timing the last of ``passes`` passes."""
     out.mkdir(parents=True, exist_ok=True)
     command = [sys.executable, str(tree / "bench" / "packing.py"), "--model-config", str(tree / MODEL.relative_to(ROOT)),
                "--device", "cuda", "--modes", "packed", "--no-results"]
+    if times_passes(tree):
+        command += ["--passes", str(passes)]
     done = subprocess.run(command, cwd=tree, capture_output=True, text=True, env=packing_environment(tree))
     (out / "packing.log").write_text(done.stdout + done.stderr)
     if done.returncode:
@@ -210,9 +226,9 @@ def append_run(path: Path) -> int:
     return 0
 
 
-def run_case(case: str, tree: Path, out: Path, work: Path) -> dict:
+def run_case(case: str, tree: Path, out: Path, work: Path, passes: int = 1) -> dict:
     if case == "packed":
-        return packed_case(tree, out / "packed")
+        return packed_case(tree, out / "packed", passes)
     if case == "fixed128":
         return train_stage_case(tree, out / case, work, [128], None)
     return train_stage_case(tree, out / case, work, [], 12.0)
@@ -237,15 +253,16 @@ def run_pairs(cases: list[str], baseline: Path | None, out: Path, work: Path, re
     old, new = {}, {}
     for case in cases:
         runs_old, runs_new = [], []
+        extra = {"passes": packing_passes([ROOT] + ([baseline] if baseline else []))} if case == "packed" else {}
         for repeat in range(repeats):
             where = f"repeat{repeat}" if repeats > 1 else "."
             if baseline is not None:
-                runs_old.append(run_case(case, baseline, out / "baseline" / where, work / "baseline"))
+                runs_old.append(run_case(case, baseline, out / "baseline" / where, work / "baseline", **extra))
                 shared = work / "this" / "model"
                 if not shared.exists() and (work / "baseline" / "model").is_dir():
                     shared.parent.mkdir(parents=True, exist_ok=True)
                     shared.symlink_to((work / "baseline" / "model").resolve())
-            runs_new.append(run_case(case, ROOT, out / "this" / where, work / "this"))
+            runs_new.append(run_case(case, ROOT, out / "this" / where, work / "this", **extra))
             print(json.dumps({case: {"repeat": repeat, "baseline": runs_old[-1] if runs_old else None,
                                      "this": runs_new[-1]}}), flush=True)  # a stopped run keeps these
         if runs_old:

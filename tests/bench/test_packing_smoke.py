@@ -28,6 +28,8 @@ def test_the_packed_mode_runs_on_a_tiny_model_and_its_first_pack_equals_its_samp
     assert result["mode"] == "packed" and result["micro_batches"] >= 1 and result["tokens_per_second"] > 0
     steps = result["steps"]  # every timed step, adding up to the mode's figure
     assert len(steps) == result["micro_batches"]
+    made = int(next(line for line in done.stdout.splitlines() if " samples of " in line).split()[0])
+    assert result["samples"] == made  # the timed pass is a whole epoch: the first pass was the warm-up
     assert abs(sum(s["tokens"] for s in steps) / sum(s["seconds"] for s in steps) / result["tokens_per_second"] - 1) < 0.01
     assert all(s["autotuned"] == 0 and s["new_buckets"] == 0 and s["reserved_gib_added"] == 0 for s in steps)  # CPU
     same = next(line for line in done.stdout.splitlines() if line.startswith("first pack vs its samples alone"))

@@ -201,3 +201,45 @@ def test_the_flash_attn_4_shim_is_asked_for_and_shown_only_with_flash_attn_4(tmp
         run = peer_swift.run_swift(opts, {"env": {}}, tmp_path / attn, "recommended")
         assert seen.read_text() == expected
         assert ("flash-attn-4 given max_seqlen as int" in run["command"]) == bool(expected)
+
+
+def test_ms_swift_is_timed_over_its_last_epoch_as_ours_over_our_last_pass(demo_config, tmp_path):
+    """With --passes 2 both trainers run the epoch twice and time the second (every kernel compiled by then,
+    whichever ran first): the stand-in's first epoch is slow, as compiling is, and must not count; ms-swift's
+    own packs are checked to hold one epoch's windows."""
+    from transformers import AutoProcessor
+
+    processor = AutoProcessor.from_pretrained(demo_config["model"]["path"])
+    made = argparse.Namespace(annotations=None, samples=4, window_seconds=16.0, fps=1.0, max_frames=128,
+                              frame_size=[64, 64])
+    rows = packing.make_real_samples(processor, made)
+    epoch_tokens = sum(row["input_tokens"] for row in rows) + 6 * len(rows)  # its template: 6 more a window
+    records = (  # two packs an epoch (or a window a step with --max_steps), the first epoch 5 s a step
+        "args = sys.argv[4:]\n"
+        "epochs = int(args[args.index('--num_train_epochs') + 1]) if '--num_train_epochs' in args else None\n"
+        f"per_epoch = [{epoch_tokens // 2}, {epoch_tokens - epoch_tokens // 2}] if epochs else "
+        f"[{', '.join(str(row['input_tokens'] + 6) for row in rows)}]\n"
+        "steps = per_epoch * epochs if epochs else (per_epoch * 2)[:int(args[args.index('--max_steps') + 1])]\n"
+        "with open(sys.argv[3], 'w') as out:\n"
+        "    for k, tokens in enumerate(steps):\n"
+        "        seconds = 5.0 if k < len(steps) // 2 else 1.0\n"
+        "        out.write(json.dumps({'step': k, 'step_seconds': seconds, 'tokens': tokens, 'loss': 2.0, "
+        "'peak_allocated_gib': 0.0, 'peak_reserved_gib': 0.0}) + '\\n')\n")
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"model_type": "qwen3_5"}))
+    stand_in = tmp_path / "python"
+    stand_in.write_text(f"#!{sys.executable}\nimport json, os, sys\n{records}\n")
+    stand_in.chmod(0o755)
+    for settings in ("recommended", "ours"):
+        opts = argparse.Namespace(work=tmp_path / settings, swift_settings=settings, pack_tokens=16384, passes=2,
+                                  warmup=2, swift_python=str(stand_in), swift_path=None, fla_hopper_guard="off",
+                                  swift_deepspeed=None, swift_attn="flash_attn", memory_cap_gib=0.0)
+        swift = packing.run_swift_mode(list(range(len(rows))), rows, model, processor.video_processor.merge_size,
+                                       torch.device("cpu"), opts, lambda indices: float(len(indices)))
+        assert "failed" not in swift, swift
+        per_epoch = 2 if settings == "recommended" else len(rows)
+        assert swift["micro_batches"] == per_epoch and swift["passes"] == 2
+        assert swift["swift_tokens"] == epoch_tokens and swift["extra_tokens_per_window"] == [6, 6]
+        assert swift["tokens_per_second"] == pytest.approx(epoch_tokens / per_epoch)  # 1 s steps only
+        assert swift["samples"] == pytest.approx(len(rows))

@@ -132,3 +132,16 @@ def test_both_trees_pack_with_the_train_stage_s_allocator_unless_the_user_set_on
     assert env["PYTHONPATH"].split(os.pathsep)[0] == str(tmp_path / "src")
     monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "backend:cudaMallocAsync")
     assert perf_guard.packing_environment(tmp_path)["PYTORCH_CUDA_ALLOC_CONF"] == "backend:cudaMallocAsync"
+
+
+def test_both_trees_time_the_second_pass_only_when_both_can(tmp_path):
+    """A baseline from before --passes times its one pass after a warm-up: this tree then times the same."""
+    trees = {}
+    for name, text in (("old", 'parser.add_argument("--warmup", type=int, default=2)'),
+                       ("new", 'parser.add_argument("--passes", type=int, default=2)')):
+        (tmp_path / name / "bench").mkdir(parents=True)
+        (tmp_path / name / "bench" / "packing.py").write_text(text)
+        trees[name] = tmp_path / name
+    assert perf_guard.packing_passes([trees["new"], trees["new"]]) == 2
+    assert perf_guard.packing_passes([trees["new"], trees["old"]]) == 1
+    assert perf_guard.packing_passes([perf_guard.ROOT]) == 2  # this tree's own bench/packing.py
