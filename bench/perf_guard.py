@@ -186,7 +186,7 @@ def packed_case(tree: Path, out: Path, passes: int = 1) -> dict:
     result = [json.loads(line) for line in shown.splitlines() if line.startswith("{")][-1]
     return {"tokens_per_second": result["tokens_per_second"], "step_seconds": result["median_step_seconds"],
             "peak_allocated_gib": result["peak_allocated_gib"], "peak_reserved_gib": result["peak_reserved_gib"],
-            "step0_loss": result["first_loss"]}
+            "step0_loss": result["first_loss"], "passes": passes}  # the pass timed: the ledger says which
 
 
 def machine() -> dict:
