@@ -41,8 +41,9 @@ its epoch's micro-batches ``--passes`` times (default 2) and only the last pass 
 compiles a kernel again for each new specialization of its arguments (it specializes integers, e.g.
 on divisibility by 16), so in a machine's first process the first pack, the first pack whose length
 is a multiple of 16 and the short last pack took 0.9-2.4 s more, none of them autotuning or meeting a
-new attention bucket (stop 48: 9,636 tokens/s there, 14,893 in the next process, same packs), and a trainer run after another finds the kernels in Triton's disk cache. With ``--passes
-1`` the first ``--warmup`` micro-batches are the untimed ones, as before. The json
+new attention bucket (stop 48: 9,636 tokens/s there, 14,893 in the next process, same packs), and a
+trainer run after another finds the kernels in Triton's disk cache. With ``--passes 1`` the first
+``--warmup`` micro-batches are the untimed ones, as before. The json
 line of a mode lists every timed step (``steps``: seconds, tokens, and what it met first: fla keys
 autotuned, attention buckets new to cuDNN, memory newly reserved), so that a mean step far above the
 median names its slow steps and, often, their cause.
@@ -697,7 +698,7 @@ def main(argv=None) -> int:
     parser.add_argument("--passes", type=int, default=2,
                         help="run each mode's epoch (and ms-swift's) this many times; time the last (default 2: "
                         "every kernel specialization compiled before timing, whichever trainer ran first)")
-    parser.add_argument("--warmup", type=int, default=2, help="with --passes 1: the micro-batches not timed")
+    parser.add_argument("--warmup", type=int, help="with --passes 1: the micro-batches not timed (default 2)")
     parser.add_argument("--no-checkpointing", dest="checkpointing", action="store_false",
                         help="train without gradient checkpointing (train.gradient_checkpointing: false)")
     parser.add_argument("--profile", type=Path, help="profile one micro-batch per mode; tables and timelines here")
@@ -710,6 +711,10 @@ def main(argv=None) -> int:
         opts.samples, opts.frame_size, opts.window_seconds, opts.pack_tokens = 16, [64, 64], 16.0, 512
     if opts.passes < 1:
         parser.error(f"--passes {opts.passes}: at least 1 (the pass that is timed)")
+    if opts.warmup is not None and opts.passes > 1:
+        parser.error(f"--warmup counts untimed micro-batches of a single pass: give it with --passes 1 (with "
+                     f"--passes {opts.passes} the passes before the last are the warm-up)")
+    opts.warmup = 2 if opts.warmup is None else opts.warmup
     opts.tokenizer = opts.tokenizer or ("real" if "swift" in opts.modes else "synthetic")
     if "swift" in opts.modes and opts.tokenizer != "real":
         parser.error("the swift mode needs --tokenizer real: ms-swift's templates find the vision tokens by "

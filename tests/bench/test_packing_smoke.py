@@ -49,3 +49,9 @@ def test_a_step_names_the_attention_buckets_it_met_first(monkeypatch):
         found.append(events.end(indices))
     assert [f["new_buckets"] for f in found] == [1, 1, 0]
     assert all(f["autotuned"] == 0 and f["reserved_gib_added"] == 0 for f in found)
+
+
+def test_a_warm_up_count_is_refused_where_a_whole_pass_is_the_warm_up(capsys):
+    with pytest.raises(SystemExit) as stopped:
+        packing.main(["--device", "cpu", "--warmup", "3", "--no-results"])
+    assert stopped.value.code == 2 and "give it with --passes 1" in capsys.readouterr().err
