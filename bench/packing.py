@@ -7,12 +7,16 @@
     python bench/packing.py --device cpu --no-results --modes unpacked swift --swift-python /tmp/swenv/bin/python
     python bench/packing.py --model-config bench/configs/Qwen3.5-4B.json --device cuda --modes packed \
         --pack-tokens 24576 --memory-cap-gib 24     # does a larger pack budget fit a 24 GiB card?
+    python bench/packing.py --model-config bench/configs/Qwen3.5-4B.json --device cuda --modes packed \
+        --memory-cap-gib 24 --keep-layers 4 --selective   # less recomputation in the memory left over
 
 One process, one device, no DeepSpeed: the train stage's own pieces on a random-weight model built
 from a config (``--model-config``; ``tiny`` builds a small Qwen3.5 here; with ``--tokenizer real``
 that config's checkpoint, below), LoRA on the language model,
 the train stage's kernel selection (fla's checked kernels on a GPU where they import), gradient
-checkpointing, AdamW, and its allocator setting (``expandable_segments``, unless
+checkpointing (``--keep-layers K``: the last K decoder layers not checkpointed; ``--selective``: the
+checkpointed layers keep their matrix products' and attention's outputs and recompute only the rest,
+issue 30's levers measured here before the train stage takes one), AdamW, and its allocator setting (``expandable_segments``, unless
 ``PYTORCH_CUDA_ALLOC_CONF`` is set; the process's default cache held blocks of every window length,
 39.7 GiB reserved on the packed set for 14 GiB allocated; 31.4 with it: reserved memory is not what a
 smaller card needs, since the allocator frees its cache before it fails). ``--memory-cap-gib N`` answers that
@@ -342,11 +346,48 @@ def build(config, device, dtype, longest: int, opts):
                "packed_attention": packed_attention.bind(model)}  # as train binds it with pack_tokens
     if opts.checkpointing:
         enable_checkpointing(model, offload=False, pin_memory=False)
+        kernels["checkpointing"] = checkpoint_less(model, opts.keep_layers, opts.selective)
     lora = config_lib.section("lora", {"dropout": 0.0})
     model, _ = add_lora(model, lora, 0)
     model.train()
     trainable = [p for p in model.parameters() if p.requires_grad]
     return model, torch.optim.AdamW(trainable, lr=1e-5), kernels
+
+
+# What --selective keeps of a checkpointed layer: the outputs of its matrix products and attention, whose
+# recomputation costs the FLOPs; norms, activations, rotary and the other elementwise work run again.
+KEPT_BY_SELECTIVE = ("mm", "addmm", "bmm", "_scaled_dot_product_flash_attention",
+                     "_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_efficient_attention",
+                     "_scaled_dot_product_cudnn_attention")
+
+
+def checkpoint_less(model, keep_layers: int, selective: bool) -> dict:
+    """Two of issue 30's levers against recomputation, for measuring before the train stage takes one: the last
+    ``keep_layers`` decoder layers of the language model keep their activations (not checkpointed), and with
+    ``selective`` the checkpointed ones keep the outputs of ``KEPT_BY_SELECTIVE`` (torch's selective activation
+    checkpointing) and recompute the rest. Returns what was done, for the results."""
+    import functools
+
+    import torch
+    from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
+
+    layers = list(model.get_decoder().layers)
+    if not 0 <= keep_layers <= len(layers):
+        raise SystemExit(f"--keep-layers {keep_layers}: the language model has {len(layers)} decoder layers")
+    for layer in layers[len(layers) - keep_layers:]:
+        layer.gradient_checkpointing = False
+    if selective:
+        kept = {getattr(torch.ops.aten, name).default for name in KEPT_BY_SELECTIVE
+                if hasattr(torch.ops.aten, name)}
+
+        def policy(ctx, op, *args, **kwargs):
+            return CheckpointPolicy.MUST_SAVE if op in kept else CheckpointPolicy.PREFER_RECOMPUTE
+
+        selective_checkpoint = functools.partial(
+            checkpoint, use_reentrant=False, context_fn=functools.partial(create_selective_checkpoint_contexts, policy))
+        for layer in layers:
+            layer._gradient_checkpointing_func = selective_checkpoint
+    return {"checkpointed_layers": len(layers) - keep_layers, "selective": selective}
 
 
 def build_savvy(config, device, dtype, opts):
@@ -701,6 +742,11 @@ def main(argv=None) -> int:
     parser.add_argument("--warmup", type=int, help="with --passes 1: the micro-batches not timed (default 2)")
     parser.add_argument("--no-checkpointing", dest="checkpointing", action="store_false",
                         help="train without gradient checkpointing (train.gradient_checkpointing: false)")
+    parser.add_argument("--keep-layers", type=int, default=0,
+                        help="our modes: the last K decoder layers keep their activations, not checkpointed")
+    parser.add_argument("--selective", action="store_true",
+                        help="our modes: checkpointed layers keep their matrix products' and attention's outputs "
+                        "and recompute the rest (torch's selective activation checkpointing)")
     parser.add_argument("--profile", type=Path, help="profile one micro-batch per mode; tables and timelines here")
     parser.add_argument("--save-autotune", type=Path, metavar="PATH",
                         help="write this process's fla autotune choices there (videosft.kernels.autotune's table format)")
@@ -711,6 +757,9 @@ def main(argv=None) -> int:
         opts.samples, opts.frame_size, opts.window_seconds, opts.pack_tokens = 16, [64, 64], 16.0, 512
     if opts.passes < 1:
         parser.error(f"--passes {opts.passes}: at least 1 (the pass that is timed)")
+    if not opts.checkpointing and (opts.keep_layers or opts.selective):
+        parser.error("--keep-layers and --selective choose what gradient checkpointing recomputes: drop "
+                     "--no-checkpointing, or them")
     if opts.warmup is not None and opts.passes > 1:
         parser.error(f"--warmup counts untimed micro-batches of a single pass: give it with --passes 1 (with "
                      f"--passes {opts.passes} the passes before the last are the warm-up)")

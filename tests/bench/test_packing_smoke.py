@@ -3,6 +3,7 @@ still runs against today's library (it broke unnoticed once, when the config bec
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
@@ -15,6 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "bench"))
 
 import packing  # noqa: E402
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 from videosft.kernels import attention_backends  # noqa: E402
 
 
@@ -55,3 +57,52 @@ def test_a_warm_up_count_is_refused_where_a_whole_pass_is_the_warm_up(capsys):
     with pytest.raises(SystemExit) as stopped:
         packing.main(["--device", "cpu", "--warmup", "3", "--no-results"])
     assert stopped.value.code == 2 and "give it with --passes 1" in capsys.readouterr().err
+
+
+class MatrixProducts(TorchDispatchMode):
+    """Counts the matrix products run while it is on (the backward's include the checkpoint's recomputation)."""
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.count += func in (torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.aten.bmm.default)
+        return func(*args, **(kwargs or {}))
+
+
+def test_less_recomputation_gives_the_same_gradients_with_fewer_matrix_products():
+    """--keep-layers and --selective change what the backward recomputes, not what it computes: one pack's
+    LoRA gradients equal whole-layer checkpointing's, while the backward runs fewer matrix products."""
+    from transformers.models.qwen3_vl.video_processing_qwen3_vl import Qwen3VLVideoProcessor
+
+    from videosft.training.batches import host_positions, prepare
+    from videosft.training.loss import supervised_loss
+    from videosft.training.sampling import packed_epoch_plan
+
+    config = packing.load_config("tiny")
+    video_processor = Qwen3VLVideoProcessor(patch_size=config.vision_config.patch_size, temporal_patch_size=2,
+                                            merge_size=config.vision_config.spatial_merge_size)
+    opts = argparse.Namespace(samples=4, frame_size=[64, 64], window_seconds=16.0, fps=1.0, max_frames=128,
+                              annotations=None, weights=None, checkpointing=True)
+    rows = packing.make_samples(config, video_processor, opts)
+    (pack, *_) = packed_epoch_plan([row["input_tokens"] for row in rows], 1, 512, "pad", 0, 0).packs[0]
+    layers = config.text_config.num_hidden_layers
+    gradients, products = {}, {}
+    for keep, selective in ((0, False), (1, False), (0, True), (layers, False)):
+        opts.keep_layers, opts.selective = keep, selective
+        model, _, kernels = packing.build(config, torch.device("cpu"), torch.float32, 512, opts)
+        assert kernels["checkpointing"] == {"checkpointed_layers": layers - keep, "selective": selective}
+        batch = prepare([rows[i] for i in pack], 0, video_processor, host_positions(model), pin=False, pack=True)
+        loss = supervised_loss(model, batch)
+        with MatrixProducts() as counted:
+            loss.backward()
+        products[keep, selective] = counted.count
+        gradients[keep, selective] = {n: p.grad for n, p in model.named_parameters() if p.requires_grad}
+    whole = gradients[0, False]
+    for found in gradients.values():
+        assert found.keys() == whole.keys()
+        assert all(torch.allclose(found[n], whole[n], rtol=1e-5, atol=1e-7) for n in whole)
+    # no checkpointed layer: no recomputation; one layer less, or only the elementwise work, in between
+    assert products[layers, False] < products[1, False] < products[0, False]
+    assert products[0, True] < products[0, False]
