@@ -491,7 +491,9 @@ class StepEvents:
     """What a step met for the first time in this process, which the median step does not pay: fla kernels
     autotuned (new keys in their choice caches: the committed table lacked the key and no nearest one
     answered), attention buckets new to cuDNN (a plan each, forward and backward), and memory the
-    allocator had to reserve. A slow step with none of these is slow for another reason."""
+    allocator had to reserve. A slow step with none of these is slow for another reason: in a machine's
+    first process, Triton compiling a kernel for a new specialization of its arguments (stop 48), which
+    ``--passes`` keeps out of the timed pass."""
 
     def __init__(self, device, rows):
         self.device, self.rows, self.buckets = device, rows, set()

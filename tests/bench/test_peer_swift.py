@@ -225,17 +225,14 @@ def test_ms_swift_is_timed_over_its_last_epoch_as_ours_over_our_last_pass(demo_c
         "        seconds = 5.0 if k < len(steps) // 2 else 1.0\n"
         "        out.write(json.dumps({'step': k, 'step_seconds': seconds, 'tokens': tokens, 'loss': 2.0, "
         "'peak_allocated_gib': 0.0, 'peak_reserved_gib': 0.0}) + '\\n')\n")
-    model = tmp_path / "model"
-    model.mkdir()
-    (model / "config.json").write_text(json.dumps({"model_type": "qwen3_5"}))
-    stand_in = tmp_path / "python"
-    stand_in.write_text(f"#!{sys.executable}\nimport json, os, sys\n{records}\n")
-    stand_in.chmod(0o755)
+    stand_in = stand_in_options(tmp_path / "stand-in", records)
     for settings in ("recommended", "ours"):
         opts = argparse.Namespace(work=tmp_path / settings, swift_settings=settings, pack_tokens=16384, passes=2,
-                                  warmup=2, swift_python=str(stand_in), swift_path=None, fla_hopper_guard="off",
-                                  swift_deepspeed=None, swift_attn="flash_attn", memory_cap_gib=0.0)
-        swift = packing.run_swift_mode(list(range(len(rows))), rows, model, processor.video_processor.merge_size,
+                                  warmup=2, swift_python=stand_in.swift_python, swift_path=None,
+                                  fla_hopper_guard="off", swift_deepspeed=None, swift_attn="flash_attn",
+                                  memory_cap_gib=0.0)
+        swift = packing.run_swift_mode(list(range(len(rows))), rows, stand_in.model,
+                                       processor.video_processor.merge_size,
                                        torch.device("cpu"), opts, lambda indices: float(len(indices)))
         assert "failed" not in swift, swift
         per_epoch = 2 if settings == "recommended" else len(rows)
