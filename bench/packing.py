@@ -8,13 +8,13 @@
     python bench/packing.py --model-config bench/configs/Qwen3.5-4B.json --device cuda --modes packed \
         --pack-tokens 24576 --memory-cap-gib 24     # does a larger pack budget fit a 24 GiB card?
     python bench/packing.py --model-config bench/configs/Qwen3.5-4B.json --device cuda --modes packed \
-        --memory-cap-gib 24 --keep-layers 4 --selective   # less recomputation in the memory left over
+        --memory-cap-gib 24 --uncheckpointed-layers 4 --selective   # less recomputation in the memory left over
 
 One process, one device, no DeepSpeed: the train stage's own pieces on a random-weight model built
 from a config (``--model-config``; ``tiny`` builds a small Qwen3.5 here; with ``--tokenizer real``
 that config's checkpoint, below), LoRA on the language model,
 the train stage's kernel selection (fla's checked kernels on a GPU where they import), gradient
-checkpointing (``--keep-layers K``: the last K decoder layers not checkpointed; ``--selective``: the
+checkpointing (``--uncheckpointed-layers K``: the last K decoder layers not checkpointed; ``--selective``: the
 checkpointed layers keep their matrix products' and attention's outputs and recompute only the rest,
 issue 30's levers measured here before the train stage takes one), AdamW, and its allocator setting (``expandable_segments``, unless
 ``PYTORCH_CUDA_ALLOC_CONF`` is set; the process's default cache held blocks of every window length,
@@ -335,7 +335,7 @@ def build(config, device, dtype, longest: int, opts):
     from videosft import config as config_lib
     from videosft.kernels.fused import select_fused_kernels
     from videosft.kernels.gated_deltanet import select_gated_delta_rule
-    from videosft.training.setup import add_lora, enable_checkpointing
+    from videosft.training.setup import add_lora, decoder_layers, enable_checkpointing
     from videosft.kernels.vision_attention import batch_vision_attention
 
     model = new_model(config, device, dtype, opts.weights)
@@ -345,8 +345,11 @@ def build(config, device, dtype, longest: int, opts):
                "vision_batched": batch_vision_attention(model),
                "packed_attention": packed_attention.bind(model)}  # as train binds it with pack_tokens
     if opts.checkpointing:
-        enable_checkpointing(model, offload=False, pin_memory=False)
-        kernels["checkpointing"] = checkpoint_less(model, opts.keep_layers, opts.selective)
+        enable_checkpointing(model, offload=False, pin_memory=False, uncheckpointed_layers=opts.uncheckpointed_layers)
+        if opts.selective:
+            checkpoint_selectively(model)
+        kernels["checkpointing"] = {"checkpointed_layers": sum(getattr(m, "gradient_checkpointing", False) for m in
+                                                               decoder_layers(model)), "selective": opts.selective}
     lora = config_lib.section("lora", {"dropout": 0.0})
     model, _ = add_lora(model, lora, 0)
     model.train()
@@ -361,33 +364,26 @@ KEPT_BY_SELECTIVE = ("mm", "addmm", "bmm", "_scaled_dot_product_flash_attention"
                      "_scaled_dot_product_cudnn_attention")
 
 
-def checkpoint_less(model, keep_layers: int, selective: bool) -> dict:
-    """Two of issue 30's levers against recomputation, for measuring before the train stage takes one: the last
-    ``keep_layers`` decoder layers of the language model keep their activations (not checkpointed), and with
-    ``selective`` the checkpointed ones keep the outputs of ``KEPT_BY_SELECTIVE`` (torch's selective activation
-    checkpointing) and recompute the rest. Returns what was done, for the results."""
+def checkpoint_selectively(model) -> None:
+    """The checkpointed decoder layers keep the outputs of ``KEPT_BY_SELECTIVE`` (torch's selective activation
+    checkpointing) and recompute the rest: issue 30's lever, measured here (on the mixed set under a 24 GiB cap
+    it ran out of memory at 16k- and at 8k-token packs, bench/RESULTS.md)."""
     import functools
 
     import torch
     from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
-    layers = list(model.get_decoder().layers)
-    if not 0 <= keep_layers <= len(layers):
-        raise SystemExit(f"--keep-layers {keep_layers}: the language model has {len(layers)} decoder layers")
-    for layer in layers[len(layers) - keep_layers:]:
-        layer.gradient_checkpointing = False
-    if selective:
-        kept = {getattr(torch.ops.aten, name).default for name in KEPT_BY_SELECTIVE
-                if hasattr(torch.ops.aten, name)}
+    from videosft.training.setup import decoder_layers
 
-        def policy(ctx, op, *args, **kwargs):
-            return CheckpointPolicy.MUST_SAVE if op in kept else CheckpointPolicy.PREFER_RECOMPUTE
+    kept = {getattr(torch.ops.aten, name).default for name in KEPT_BY_SELECTIVE if hasattr(torch.ops.aten, name)}
 
-        selective_checkpoint = functools.partial(
-            checkpoint, use_reentrant=False, context_fn=functools.partial(create_selective_checkpoint_contexts, policy))
-        for layer in layers:
-            layer._gradient_checkpointing_func = selective_checkpoint
-    return {"checkpointed_layers": len(layers) - keep_layers, "selective": selective}
+    def policy(ctx, op, *args, **kwargs):
+        return CheckpointPolicy.MUST_SAVE if op in kept else CheckpointPolicy.PREFER_RECOMPUTE
+
+    selective_checkpoint = functools.partial(
+        checkpoint, use_reentrant=False, context_fn=functools.partial(create_selective_checkpoint_contexts, policy))
+    for layer in decoder_layers(model):
+        layer._gradient_checkpointing_func = selective_checkpoint
 
 
 def build_savvy(config, device, dtype, opts):
@@ -744,7 +740,7 @@ def main(argv=None) -> int:
     parser.add_argument("--warmup", type=int, help="with --passes 1: the micro-batches not timed (default 2)")
     parser.add_argument("--no-checkpointing", dest="checkpointing", action="store_false",
                         help="train without gradient checkpointing (train.gradient_checkpointing: false)")
-    parser.add_argument("--keep-layers", type=int, default=0,
+    parser.add_argument("--uncheckpointed-layers", type=int, default=0,
                         help="our modes: the last K decoder layers keep their activations, not checkpointed")
     parser.add_argument("--selective", action="store_true",
                         help="our modes: checkpointed layers keep their matrix products' and attention's outputs "
@@ -759,8 +755,8 @@ def main(argv=None) -> int:
         opts.samples, opts.frame_size, opts.window_seconds, opts.pack_tokens = 16, [64, 64], 16.0, 512
     if opts.passes < 1:
         parser.error(f"--passes {opts.passes}: at least 1 (the pass that is timed)")
-    if not opts.checkpointing and (opts.keep_layers or opts.selective):
-        parser.error("--keep-layers and --selective choose what gradient checkpointing recomputes: drop "
+    if not opts.checkpointing and (opts.uncheckpointed_layers or opts.selective):
+        parser.error("--uncheckpointed-layers and --selective choose what gradient checkpointing recomputes: drop "
                      "--no-checkpointing, or them")
     if opts.warmup is not None and opts.passes > 1:
         parser.error(f"--warmup counts untimed micro-batches of a single pass: give it with --passes 1 (with "

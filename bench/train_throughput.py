@@ -22,7 +22,8 @@ Trainers (``--trainers``):
   whole on every rank); ``ours-unfused``: without the fused norm / SwiGLU / conv kernels
   (`VIDEOSFT_FUSED_KERNELS=torch`); ``ours-per-module``: ZeRO-3 gathering per module
   (`train.gather_whole_blocks: false`); ``ours-block-prefetch``: the default with a prefetch bucket
-  of one whole decoder layer; ``ours-sp2`` / ``ours-sp4``: every sample shared by 2 / 4 ranks
+  of one whole decoder layer; ``ours-uncheckpointed8``: the last 8 decoder layers not checkpointed
+  (``train.uncheckpointed_layers: 8``); ``ours-sp2`` / ``ours-sp4``: every sample shared by 2 / 4 ranks
   (``train.sequence_parallel``).
 
 * ``swift`` / ``swift-recommended``: ms-swift's ``swift sft`` on the same samples in its own environment
@@ -195,6 +196,8 @@ TRAINERS = {
     # prefetches only while fewer than stage3_max_live_parameters are gathered, so that must hold two blocks
     "ours-block-prefetch": {"kind": "ours", "base": DEFAULT, "zero": {"stage3_prefetch_bucket_size": 120_000_000,
                                                                       "stage3_max_live_parameters": 300_000_000}},
+    # train.uncheckpointed_layers: the last 8 decoder layers keep their activations (about 1 GiB each at 128 frames)
+    "ours-uncheckpointed8": {"kind": "ours", "base": DEFAULT, "zero": {}, "train": {"uncheckpointed_layers": 8}},
     # train.sequence_parallel: each sample shared by 2 or 4 ranks (--gpus a multiple of it)
     "ours-sp2": {"kind": "ours", "base": DEFAULT, "zero": {}, "train": {"sequence_parallel": 2}},
     "ours-sp4": {"kind": "ours", "base": DEFAULT, "zero": {}, "train": {"sequence_parallel": 4}},

@@ -28,8 +28,9 @@ SCHEMA_PATH = PROJECT_DIR / "workflow" / "schemas" / "config.schema.yaml"
 
 # The train keys that shape the memory peak: what the probe's plan reads (so that e.g. changing
 # train.steps keeps the probe) and what the train stage's own prediction is made from.
-MEMORY_PLAN_KEYS = ("precision", "gradient_checkpointing", "offload_activations", "gather_whole_blocks",
-                    "fused_kernels", "deepspeed_config", "micro_batch_size", "pack_tokens", "sequence_parallel")
+MEMORY_PLAN_KEYS = ("precision", "gradient_checkpointing", "offload_activations", "uncheckpointed_layers",
+                    "gather_whole_blocks", "fused_kernels", "deepspeed_config", "micro_batch_size", "pack_tokens",
+                    "sequence_parallel")
 
 # Which config sections each stage reads. Editing a section reruns exactly these stages
 # (and, through their outputs, the stages after them).

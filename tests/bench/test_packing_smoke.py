@@ -72,7 +72,7 @@ class MatrixProducts(TorchDispatchMode):
 
 
 def test_less_recomputation_gives_the_same_gradients_with_fewer_matrix_products():
-    """--keep-layers and --selective change what the backward recomputes, not what it computes: one pack's
+    """--uncheckpointed-layers and --selective change what the backward recomputes, not what it computes: one pack's
     LoRA gradients equal whole-layer checkpointing's, while the backward runs fewer matrix products."""
     from transformers.models.qwen3_vl.video_processing_qwen3_vl import Qwen3VLVideoProcessor
 
@@ -90,7 +90,7 @@ def test_less_recomputation_gives_the_same_gradients_with_fewer_matrix_products(
     layers = config.text_config.num_hidden_layers
     gradients, products = {}, {}
     for keep, selective in ((0, False), (1, False), (0, True), (layers, False)):
-        opts.keep_layers, opts.selective = keep, selective
+        opts.uncheckpointed_layers, opts.selective = keep, selective
         model, _, kernels = packing.build(config, torch.device("cpu"), torch.float32, 512, opts)
         assert kernels["checkpointing"] == {"checkpointed_layers": layers - keep, "selective": selective}
         batch = prepare([rows[i] for i in pack], 0, video_processor, host_positions(model), pin=False, pack=True)

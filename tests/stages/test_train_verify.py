@@ -18,8 +18,11 @@ pytestmark = pytest.mark.slow  # trains on 2 ranks
 
 
 def trained_config(demo_config: dict, **train) -> dict:
-    # frames decoded by a worker process, as on a GPU (train.decode_processes): the golden losses hold for both
-    return {**demo_config, "train": {**demo_config["train"], "profile_step": 2, "decode_processes": 1, **train}}
+    # frames decoded by a worker process, as on a GPU (train.decode_processes), and the last decoder layer not
+    # checkpointed (train.uncheckpointed_layers) under ZeRO-3's whole-block gathers: the golden losses hold for
+    # both, and the offload run below, every layer checkpointed, trains the same adapter bit for bit
+    return {**demo_config, "train": {**demo_config["train"], "profile_step": 2, "decode_processes": 1,
+                                     "uncheckpointed_layers": 1, **train}}
 
 
 @pytest.fixture(scope="module")
@@ -160,11 +163,11 @@ def test_each_rank_writes_its_steps_for_tensorboard(trained):
 
 
 def test_the_offload_profile_trains_the_same_adapter(trained, prepared, demo_config, tmp_path):
-    """zero3_offload.json (weights' partition in host memory) with offloaded checkpoint inputs gives
-    the adapter the default profile gives (the golden run's), bit for bit; the plan counts neither on
-    the device."""
+    """zero3_offload.json (weights' partition in host memory) with offloaded checkpoint inputs, every layer
+    checkpointed, gives the adapter the default profile gives (the golden run's, its last layer not
+    checkpointed), bit for bit; the plan counts neither on the device."""
     cfg = trained_config(demo_config, deepspeed_config=str(PROJECT / "workflow" / "deepspeed" / "zero3_offload.json"),
-                         offload_activations=True)
+                         offload_activations=True, uncheckpointed_layers=0)
     out = tmp_path / "offload"
     run_torchrun(["-m", "videosft.stages.train", "--config", stage_json("train", cfg), "--samples",
                   str(prepared / "preprocess" / "manifest.json"), "--probe", str(prepared / "probe" / "probe.json"),

@@ -124,6 +124,31 @@ def test_offloading_takes_weights_and_checkpointed_inputs_off_the_gpu():
     assert more > largest_frames(MODEL, SAMPLE, 10_000_000, 2, ZERO, 12.0, step=16)
 
 
+def test_uncheckpointed_layers_keep_their_forward_in_place_of_their_input():
+    """train.uncheckpointed_layers n: n layers hold their whole forward's activations (the projections' outputs)
+    instead of their input; n = every layer is the plan without checkpointing; the probe names the most that
+    fit its card, and none without checkpointing."""
+    from videosft.training.memory import most_uncheckpointed_layers
+
+    def activations(**options):
+        return plan_peak(MODEL, SAMPLE, 10_000_000, 1, ZERO, **options)["components_gib"][
+            "activations_checkpointed_layers"] * GIB
+
+    layer_forward = 6_600 * 2 * (8192 + 3 * 9216 + 4 * 2560)
+    layer_input = 6_600 * 2560 * 2
+    assert activations(uncheckpointed_layers=3) - activations() == pytest.approx(3 * (layer_forward - layer_input))
+    assert activations(uncheckpointed_layers=32) == activations(checkpointing=False) == pytest.approx(32 * layer_forward)
+    # offloaded inputs: one comes back at a time, whatever number of layers is checkpointed
+    assert activations(uncheckpointed_layers=3, offload_activations=True) == pytest.approx(
+        activations(offload_activations=True) + 3 * layer_forward)
+    checkpointed = plan_peak(MODEL, SAMPLE, 10_000_000, 1, ZERO)["reserved_gib"]
+    limit = checkpointed + 5.5 * (layer_forward - layer_input) * RESERVED_OVER_ALLOCATED / GIB
+    assert most_uncheckpointed_layers(MODEL, SAMPLE, 10_000_000, 1, ZERO, limit) == 5
+    assert most_uncheckpointed_layers(MODEL, SAMPLE, 10_000_000, 1, ZERO, checkpointed - 0.1) == 0
+    assert most_uncheckpointed_layers(MODEL, SAMPLE, 10_000_000, 1, ZERO, 1000.0) == 32
+    assert most_uncheckpointed_layers(MODEL, SAMPLE, 10_000_000, 1, ZERO, 1000.0, checkpointing=False) is None
+
+
 def test_whole_blocks_gather_past_the_live_limit_beside_the_embedding():
     capped = {**ZERO, "stage3_max_live_parameters": 100_000_000}
     per_module = plan_peak(MODEL, SAMPLE, 10_000_000, 2, capped)["components_gib"]["gathered_working_set"]

@@ -82,3 +82,12 @@ def test_a_file_that_cannot_work_is_refused_naming_it(tmp_path, zero, extra, mes
     with pytest.raises(ConfigError, match=message) as raised:
         deepspeed_config(path, TRAIN, world=2, precision="fp32")
     assert str(path) in str(raised.value)
+
+
+def test_uncheckpointed_layers_without_checkpointing_are_refused_naming_both_keys():
+    from videosft.training.setup import check_train_options
+
+    check_train_options(config_lib.section("train", {"uncheckpointed_layers": 2}))
+    with pytest.raises(ConfigError, match=r"train.uncheckpointed_layers=2 .*train.gradient_checkpointing: false"):
+        check_train_options(config_lib.section("train", {"uncheckpointed_layers": 2, "gradient_checkpointing": False,
+                                                         "gather_whole_blocks": False}))

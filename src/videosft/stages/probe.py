@@ -114,7 +114,8 @@ def print_summary(result: dict) -> None:
             print(f"memory plan, {world} GPU(s){shared}: {peak['reserved_gib']:.2f} GiB reserved per GPU "
                   f"({peak['allocated_gib']:.2f} allocated) for the largest micro-batch "
                   f"({micro_batch_words(plan)}); at most "
-                  f"{peak['largest_frames_under_limit']} frames per sample fit {plan['gpu_memory_gib']} GiB")
+                  f"{peak['largest_frames_under_limit']} frames per sample fit {plan['gpu_memory_gib']} GiB"
+                  + uncheckpointed_words(peak))
         for n, peak in plan.get("per_sequence_parallel_size", {}).items():
             if n != "1":
                 print(f"memory plan, one micro-batch shared by {n} GPUs (train.sequence_parallel: {n}): "
@@ -123,6 +124,15 @@ def print_summary(result: dict) -> None:
         for step in plan["flowchart"]:
             print(f"  {step['question']} {step['answer']}"
                   + (f" ({step['predicted_gib']:.2f} GiB)" if "predicted_gib" in step else "") + f": {step['why']}")
+
+
+def uncheckpointed_words(peak: dict) -> str:
+    """What the plan's spare memory could buy back in recomputation (train.uncheckpointed_layers)."""
+    most = peak.get("most_uncheckpointed_layers_under_limit")
+    if not most:
+        return ""
+    return (f"; the largest micro-batch leaves room for train.uncheckpointed_layers up to {most} (layers that keep "
+            f"their activations instead of recomputing them)")
 
 
 def main(argv: list[str] | None = None) -> int:

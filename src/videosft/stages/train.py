@@ -173,7 +173,8 @@ def build_engine(run: Run) -> Built:
     if run.rank == 0:
         print("\n".join(selection.summary(kernels, run.device)), flush=True)
     if train_cfg.gradient_checkpointing:
-        setup.enable_checkpointing(model, offload=train_cfg.offload_activations, pin_memory=run.device.type == "cuda")
+        setup.enable_checkpointing(model, offload=train_cfg.offload_activations, pin_memory=run.device.type == "cuda",
+                                   uncheckpointed_layers=train_cfg.uncheckpointed_layers)
     leaf_blocks = setup.gather_whole_blocks(model) if train_cfg.gather_whole_blocks else []
     model, targets = setup.add_lora(model, run.cfg.lora, train_cfg.seed)
     if run.sequence:

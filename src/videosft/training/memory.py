@@ -189,11 +189,12 @@ def gathered_parameters(model: ModelFacts, world: int, ds_zero: dict, weights_on
 def plan_peak(model: ModelFacts, sample: SampleFacts, trainable: int, world: int, ds_zero: dict,
               precision: str = "bf16", sliced_logits: bool = True, checkpointing: bool = True,
               kernels: str | None = None, offload_activations: bool = False,
-              whole_blocks: bool = False, sequence_parallel: int = 1) -> dict:
+              whole_blocks: bool = False, sequence_parallel: int = 1, uncheckpointed_layers: int = 0) -> dict:
     """Predicted peak bytes per rank, by component (``kernels``: a key of ``COEFFICIENTS``, the
     kernel set the run uses; None: as :func:`planned_kernels` says). ``ds_zero["offload_param"]``
     on the host takes the weights' partition off the GPU; ``offload_activations`` the checkpointed layer inputs
-    (one comes back at a time, for its layer's recomputation); ``whole_blocks``: ZeRO-3 gathers
+    (one comes back at a time, for its layer's recomputation); ``uncheckpointed_layers`` n: the last n layers
+    keep their whole forward's activations instead of their input (train.uncheckpointed_layers); ``whole_blocks``: ZeRO-3 gathers
     whole decoder layers (train.gather_whole_blocks). ``sequence_parallel`` n: n ranks share the sequence
     (train.sequence_parallel), so a rank holds a slice of its tokens and frames, at most a 1/n share plus
     one frame pair (the cuts fall between pairs), while the weights stay partitioned over the whole world;
@@ -209,9 +210,11 @@ def plan_peak(model: ModelFacts, sample: SampleFacts, trainable: int, world: int
     tokens = sample.input_tokens / n + pair_visual + sample.text_per_pair if n > 1 else sample.input_tokens
     patches = (sample.visual_tokens / n + pair_visual if n > 1 else sample.visual_tokens) * model.merge**2
     layer_forward = tokens * p * (model.attention_width + 3 * model.intermediate + 4 * model.hidden)
-    if checkpointing:
-        kept_inputs = 1 if offload_activations else model.layers
-        activations = kept_inputs * tokens * model.hidden * p + backward_over_forward * layer_forward
+    checkpointed = model.layers - uncheckpointed_layers if checkpointing else 0
+    if checkpointed > 0:
+        kept_inputs = 1 if offload_activations else checkpointed
+        activations = kept_inputs * tokens * model.hidden * p + \
+            (uncheckpointed_layers + backward_over_forward) * layer_forward
     else:
         activations = model.layers * layer_forward
     logit_positions = sample.supervised_tokens if sliced_logits else tokens
@@ -326,6 +329,7 @@ class PlanOptions:
     precision: str
     checkpointing: bool
     offload_activations: bool
+    uncheckpointed_layers: int
     whole_blocks: bool
     kernels: str
     micro_batch_size: int
@@ -338,7 +342,7 @@ class PlanOptions:
         kernels this environment will bind; the train stage gives what it chose and bound."""
         precision = precision or ("bf16" if train_cfg.precision in ("auto", "bf16") else train_cfg.precision)
         return cls(precision, train_cfg.gradient_checkpointing, train_cfg.offload_activations,
-                   train_cfg.gather_whole_blocks, kernels or planned_kernels(train_cfg.fused_kernels),
+                   train_cfg.uncheckpointed_layers, train_cfg.gather_whole_blocks, kernels or planned_kernels(train_cfg.fused_kernels),
                    train_cfg.micro_batch_size, train_cfg.pack_tokens or None, train_cfg.sequence_parallel)
 
     @property
@@ -346,6 +350,7 @@ class PlanOptions:
         """:func:`plan_peak`'s keyword options."""
         return {"precision": self.precision, "checkpointing": self.checkpointing, "kernels": self.kernels,
                 "offload_activations": self.offload_activations, "whole_blocks": self.whole_blocks,
+                "uncheckpointed_layers": self.uncheckpointed_layers,
                 "sequence_parallel": self.sequence_parallel}
 
     @property
@@ -388,7 +393,23 @@ def planned_world(model: ModelFacts, sample: SampleFacts, batch: SampleFacts, tr
     peak = plan_peak(model, batch, trainable, world, ds_zero, **options.peak)
     peak["largest_frames_under_limit"] = largest_frames(model, sample, trainable, world, ds_zero, limit_gib,
                                                         **options.peak, **options.batching)
+    peak["most_uncheckpointed_layers_under_limit"] = most_uncheckpointed_layers(
+        model, batch, trainable, world, ds_zero, limit_gib, **options.peak)
     return peak
+
+
+def most_uncheckpointed_layers(model: ModelFacts, batch: SampleFacts, trainable: int, world: int, ds_zero: dict,
+                               limit_gib: float, **options) -> int | None:
+    """Most decoder layers that may keep their activations (train.uncheckpointed_layers) with ``batch``'s
+    predicted reserved peak still under ``limit_gib``: 0 when the plan as configured does not fit, None
+    without gradient checkpointing (every layer keeps them already)."""
+    if not options.get("checkpointing", True):
+        return None
+    options = {key: value for key, value in options.items() if key != "uncheckpointed_layers"}
+    fits = [n for n in range(model.layers + 1)
+            if plan_peak(model, batch, trainable, world, ds_zero, uncheckpointed_layers=n, **options)["reserved_gib"]
+            <= limit_gib]
+    return max(fits, default=0)
 
 
 def micro_batch_words(plan: dict) -> str:

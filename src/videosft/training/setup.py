@@ -14,6 +14,7 @@ from pathlib import Path
 
 from ..config import View
 from ..errors import ConfigError
+from ..kernels.fused import language_model
 from ..models.checkpoint import model_class
 from ..models.lora import target_module_names
 
@@ -154,6 +155,10 @@ def check_train_options(train_cfg: View) -> None:
         # recomputation to gather them again, its backward finds them partitioned
         raise ConfigError("train.gather_whole_blocks needs train.gradient_checkpointing: true; "
                           "set gather_whole_blocks: false to train without checkpointing")
+    if train_cfg.uncheckpointed_layers and not train_cfg.gradient_checkpointing:
+        raise ConfigError(f"train.uncheckpointed_layers={train_cfg.uncheckpointed_layers} exempts layers from "
+                          "gradient checkpointing, which is off (train.gradient_checkpointing: false): every layer "
+                          "keeps its activations already; set uncheckpointed_layers: 0")
     if train_cfg.offload_activations and not train_cfg.gradient_checkpointing:
         raise ConfigError("train.offload_activations moves the inputs that gradient checkpointing keeps; "
                           "it needs train.gradient_checkpointing: true")
@@ -205,20 +210,38 @@ def add_lora(model, lora_cfg: View, seed: int):
     return get_peft_model(model, peft_config), targets
 
 
-def enable_checkpointing(model, offload: bool, pin_memory: bool) -> None:
-    """Gradient checkpointing of every decoder layer (non-reentrant). With ``offload``, the input each
-    layer keeps for its recomputation waits in host memory instead (pinned on a GPU: the copies run
-    asynchronously), and comes back when the backward pass reaches the layer.
+def enable_checkpointing(model, offload: bool, pin_memory: bool, uncheckpointed_layers: int = 0) -> None:
+    """Gradient checkpointing of every decoder layer (non-reentrant) but the language model's last
+    ``uncheckpointed_layers`` (train.uncheckpointed_layers), which keep their activations: the backward
+    pass reaches them first, and memory left over on the card buys back their recomputation. With
+    ``offload``, the input each checkpointed layer keeps for its recomputation waits in host memory instead
+    (pinned on a GPU: the copies run asynchronously), and comes back when the backward pass reaches the layer.
 
     transformers' own ``offload=True`` always asks for pinned memory, which fails without a GPU; and
     a ``save_on_cpu`` around the whole model would also move every tensor saved outside the layers
     (the LM head's input and weight among them) on every step."""
     model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    layers = decoder_layers(model)
+    if uncheckpointed_layers > len(layers):
+        raise ConfigError(f"train.uncheckpointed_layers={uncheckpointed_layers}: the language model has "
+                          f"{len(layers)} decoder layers; set it to at most {len(layers)}")
+    for layer in layers[len(layers) - uncheckpointed_layers:]:
+        layer.gradient_checkpointing = False
     if offload:
         for module in model.modules():
             if getattr(module, "gradient_checkpointing", False) and hasattr(module, "_gradient_checkpointing_func"):
                 module._gradient_checkpointing_func = functools.partial(
                     _checkpoint_inputs_on_host, module._gradient_checkpointing_func, pin_memory)
+
+
+def decoder_layers(model) -> list:
+    """The language model's decoder layers, in order (the vision tower's blocks are not among them)."""
+    decoder = language_model(model)
+    layers = getattr(decoder, "layers", None)
+    if layers is None:
+        raise ConfigError(f"{type(model).__name__}: no decoder layers found under its language model "
+                          f"({type(decoder).__name__}); train.uncheckpointed_layers needs them")
+    return list(layers)
 
 
 def _checkpoint_inputs_on_host(checkpoint, pin_memory: bool, function, *args, **kwargs):
