@@ -137,7 +137,8 @@ def test_uncheckpointed_layers_keep_their_forward_in_place_of_their_input():
     layer_forward = 6_600 * 2 * (8192 + 3 * 9216 + 4 * 2560)
     layer_input = 6_600 * 2560 * 2
     assert activations(uncheckpointed_layers=3) - activations() == pytest.approx(3 * (layer_forward - layer_input))
-    assert activations(uncheckpointed_layers=32) == activations(checkpointing=False) == pytest.approx(32 * layer_forward)
+    assert activations(uncheckpointed_layers=32) == activations(checkpointing=False) == \
+        pytest.approx(32 * layer_forward)
     # offloaded inputs: one comes back at a time, whatever number of layers is checkpointed
     assert activations(uncheckpointed_layers=3, offload_activations=True) == pytest.approx(
         activations(offload_activations=True) + 3 * layer_forward)

@@ -193,9 +193,9 @@ def plan_peak(model: ModelFacts, sample: SampleFacts, trainable: int, world: int
     """Predicted peak bytes per rank, by component (``kernels``: a key of ``COEFFICIENTS``, the
     kernel set the run uses; None: as :func:`planned_kernels` says). ``ds_zero["offload_param"]``
     on the host takes the weights' partition off the GPU; ``offload_activations`` the checkpointed layer inputs
-    (one comes back at a time, for its layer's recomputation); ``uncheckpointed_layers`` n: the last n layers
-    keep their whole forward's activations instead of their input (train.uncheckpointed_layers); ``whole_blocks``: ZeRO-3 gathers
-    whole decoder layers (train.gather_whole_blocks). ``sequence_parallel`` n: n ranks share the sequence
+    (one comes back at a time, for its layer's recomputation); ``uncheckpointed_layers`` n: the last n
+    layers keep their whole forward's activations instead of their input (train.uncheckpointed_layers);
+    ``whole_blocks``: ZeRO-3 gathers whole decoder layers (train.gather_whole_blocks). ``sequence_parallel`` n: n ranks share the sequence
     (train.sequence_parallel), so a rank holds a slice of its tokens and frames, at most a 1/n share plus
     one frame pair (the cuts fall between pairs), while the weights stay partitioned over the whole world;
     its attention runs on every token for 1/n of the heads, as many bytes as its slice of all heads, and
@@ -342,7 +342,8 @@ class PlanOptions:
         kernels this environment will bind; the train stage gives what it chose and bound."""
         precision = precision or ("bf16" if train_cfg.precision in ("auto", "bf16") else train_cfg.precision)
         return cls(precision, train_cfg.gradient_checkpointing, train_cfg.offload_activations,
-                   train_cfg.uncheckpointed_layers, train_cfg.gather_whole_blocks, kernels or planned_kernels(train_cfg.fused_kernels),
+                   train_cfg.uncheckpointed_layers, train_cfg.gather_whole_blocks,
+                   kernels or planned_kernels(train_cfg.fused_kernels),
                    train_cfg.micro_batch_size, train_cfg.pack_tokens or None, train_cfg.sequence_parallel)
 
     @property
