@@ -195,12 +195,13 @@ def plan_peak(model: ModelFacts, sample: SampleFacts, trainable: int, world: int
     on the host takes the weights' partition off the GPU; ``offload_activations`` the checkpointed layer inputs
     (one comes back at a time, for its layer's recomputation); ``uncheckpointed_layers`` n: the last n
     layers keep their whole forward's activations instead of their input (train.uncheckpointed_layers);
-    ``whole_blocks``: ZeRO-3 gathers whole decoder layers (train.gather_whole_blocks). ``sequence_parallel`` n: n ranks share the sequence
-    (train.sequence_parallel), so a rank holds a slice of its tokens and frames, at most a 1/n share plus
-    one frame pair (the cuts fall between pairs), while the weights stay partitioned over the whole world;
-    its attention runs on every token for 1/n of the heads, as many bytes as its slice of all heads, and
-    the all-to-alls hold a send and a receive copy of one layer's query, key and value slice. The
-    supervised logits are planned whole on one rank (the answer follows the video, on the last)."""
+    ``whole_blocks``: ZeRO-3 gathers whole decoder layers (train.gather_whole_blocks). ``sequence_parallel``
+    n: n ranks share the sequence (train.sequence_parallel), so a rank holds a slice of its tokens and
+    frames, at most a 1/n share plus one frame pair (the cuts fall between pairs), while the weights stay
+    partitioned over the whole world; its attention runs on every token for 1/n of the heads, as many bytes
+    as its slice of all heads, and the all-to-alls hold a send and a receive copy of one layer's query, key
+    and value slice. The supervised logits are planned whole on one rank (the answer follows the video, on
+    the last)."""
     kernels = kernels or planned_kernels()
     backward_over_forward, reserved_over_allocated = COEFFICIENTS[kernels]
     p = precision_bytes(precision)
