@@ -335,6 +335,7 @@ def build(config, device, dtype, longest: int, opts):
     from videosft import config as config_lib
     from videosft.kernels.fused import select_fused_kernels
     from videosft.kernels.gated_deltanet import select_gated_delta_rule
+    from videosft.errors import ConfigError
     from videosft.training.setup import add_lora, decoder_layers, enable_checkpointing
     from videosft.kernels.vision_attention import batch_vision_attention
 
@@ -345,7 +346,10 @@ def build(config, device, dtype, longest: int, opts):
                "vision_batched": batch_vision_attention(model),
                "packed_attention": packed_attention.bind(model)}  # as train binds it with pack_tokens
     if opts.checkpointing:
-        enable_checkpointing(model, offload=False, pin_memory=False, uncheckpointed_layers=opts.uncheckpointed_layers)
+        try:
+            enable_checkpointing(model, offload=False, pin_memory=False, uncheckpointed_layers=opts.uncheckpointed_layers)
+        except ConfigError as error:  # the train stage's words name its config key; here it is the option
+            raise SystemExit(f"--uncheckpointed-layers: {error}") from None
         if opts.selective:
             checkpoint_selectively(model)
         kernels["checkpointing"] = {"checkpointed_layers": sum(getattr(m, "gradient_checkpointing", False) for m in
