@@ -14,7 +14,8 @@ field                    read by
 ``model_class``          :func:`videosft.models.checkpoint.model_class` (every stage's model)
 ``modeling_module``      :func:`videosft.kernels.gated_deltanet.main` (the standalone check)
 ``decoder_layers``       :mod:`videosft.models.lora` (coverage per layer),
-                         :func:`videosft.training.memory.model_facts` (the largest layer)
+                         :func:`videosft.training.memory.model_facts` (the largest layer),
+                         :func:`videosft.training.setup.decoder_layers` (train.uncheckpointed_layers)
 ``vision_tower``         :mod:`videosft.models.lora` (never adapted),
                          :func:`videosft.training.memory.model_facts` (vision parameters)
 ``generation_end``       :func:`videosft.evaluation.generation.greedy_answers`

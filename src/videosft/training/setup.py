@@ -14,8 +14,8 @@ from pathlib import Path
 
 from ..config import View
 from ..errors import ConfigError
-from ..kernels.fused import language_model
 from ..models.checkpoint import model_class
+from ..models.families import family_of
 from ..models.lora import target_module_names
 
 
@@ -235,13 +235,8 @@ def enable_checkpointing(model, offload: bool, pin_memory: bool, uncheckpointed_
 
 
 def decoder_layers(model) -> list:
-    """The language model's decoder layers, in order (the vision tower's blocks are not among them)."""
-    decoder = language_model(model)
-    layers = getattr(decoder, "layers", None)
-    if layers is None:
-        raise ConfigError(f"{type(model).__name__}: no decoder layers found under its language model "
-                          f"({type(decoder).__name__}); train.uncheckpointed_layers needs them")
-    return list(layers)
+    """The language model's decoder layers, in order, where the model's family record says they are."""
+    return list(model.get_submodule(family_of(model.config).decoder_layers))
 
 
 def _checkpoint_inputs_on_host(checkpoint, pin_memory: bool, function, *args, **kwargs):
