@@ -6,6 +6,7 @@ after the other in the same call, and a failure where speed dropped or memory gr
     python bench/perf_guard.py --baseline .carry/baseline --out $OUT --record        # and append if it may stand
     python bench/perf_guard.py --baseline .carry/baseline --out $OUT --record --reason "packed 4% slower: ..."
     python bench/perf_guard.py --append $OUT/perf_guard.json  # a run made on another machine, into this ledger
+    python bench/perf_guard.py --append A/perf_guard.json B/perf_guard.json  # its cases over two calls: one entry
 
 Run it on a GPU before landing a change to the train stage, the kernels, sample reading or batching
 (README, *Development*). The cases, on one GPU, each with the train stage's own code:
@@ -215,14 +216,60 @@ def commit() -> str:
     return (git("rev-parse", "--short", "HEAD") or "unknown") + (" (modified)" if dirty else "")
 
 
-def append_run(path: Path) -> int:
-    """The ledger line of a run made on the GPU machine (whose own checkout is thrown away), if it may stand."""
-    run = json.loads(path.read_text())
-    if not run["ok"]:
-        print(f"{path}: that run regressed and gave no reason; it is not recorded", file=sys.stderr)
+SAME_RUN = ("commit", "kind", "gpu", "driver", "packages")  # what the calls of one guard run share
+
+
+def shared_fact(entry: dict, key: str):
+    return (entry["baseline"] or {}).get("commit") if key == "baseline commit" else entry[key]
+
+
+def merged_entry(runs: list[tuple[Path, dict]]) -> dict:
+    """One ledger entry from guard runs of one commit on one machine, each holding other cases (a call's
+    time limit can stop one run of every case): each case's pair was measured in its own call, the
+    baseline beside it. Raises ValueError naming the file and what does not fit."""
+    first_path, first = runs[0]
+    entry = {**first["entry"], "cases": {}, "baseline": {**(first["entry"]["baseline"] or {}), "cases": {}}}
+    reasons = []
+    for path, run in runs:
+        if not run["ok"]:
+            raise ValueError(f"{path}: that run regressed and gave no reason; it is not recorded")
+        this = run["entry"]
+        for key in SAME_RUN + ("baseline commit",):
+            mine, theirs = (shared_fact(entry, key) for entry in (this, first["entry"]))
+            if mine != theirs:
+                raise ValueError(f"{path}: its {key} ({mine}) is not {first_path}'s ({theirs}); one entry holds "
+                                 "one commit measured on one machine against one baseline")
+        twice = set(this["cases"]) & set(entry["cases"])
+        if twice:
+            raise ValueError(f"{path}: {', '.join(sorted(twice))} is in an earlier file too; append the run to keep")
+        entry["cases"].update(this["cases"])
+        entry["baseline"]["cases"].update((this["baseline"] or {}).get("cases", {}))
+        entry["date"] = max(entry["date"], this["date"])
+        reasons += [this["reason"]] if this.get("reason") else []
+    missing = [case for case in CASES if case not in entry["cases"]]
+    if missing:
+        files = ", ".join(str(path) for path, _ in runs)
+        raise ValueError(f"{files}: no run of {', '.join(missing)}; the next guard is held to this commit in "
+                         "every case, so it is recorded only with all of them "
+                         f"(run --cases {' '.join(missing)} and append the files together)")
+    entry["reason"] = "; ".join(reasons) or None
+    if not first["entry"]["baseline"]:
+        entry["baseline"] = None
+    if len(runs) > 1:
+        entry["calls"] = len(runs)  # each case's pair in one call; the calls one after the other on one machine
+    return entry
+
+
+def append_run(paths: list[Path]) -> int:
+    """The ledger line of a run made on the GPU machine (whose own checkout is thrown away), or of several
+    runs there that together hold every case, if they may stand."""
+    try:
+        entry = merged_entry([(path, json.loads(path.read_text())) for path in paths])
+    except ValueError as error:
+        print(error, file=sys.stderr)
         return 1
-    append(run["entry"])
-    print(f"recorded {run['entry']['commit']} ({run['entry']['gpu']}) in {LEDGER.relative_to(ROOT)}")
+    append(entry)
+    print(f"recorded {entry['commit']} ({entry['gpu']}) in {LEDGER.relative_to(ROOT)}")
     return 0
 
 
@@ -278,8 +325,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--last-accepted", action="store_true",
                         help="print the last accepted commit on --gpu (the baseline to archive) and stop")
     parser.add_argument("--gpu", default="NVIDIA H200", help="the GPU model --last-accepted looks for")
-    parser.add_argument("--append", type=Path, metavar="PERF_GUARD_JSON",
-                        help="append a run made elsewhere (its OUT/perf_guard.json) to this checkout's ledger")
+    parser.add_argument("--append", type=Path, nargs="+", metavar="PERF_GUARD_JSON",
+                        help="append a run made elsewhere (its OUT/perf_guard.json) to this checkout's ledger; "
+                        "several: runs of one commit there that together hold every case, as one entry")
     parser.add_argument("--cases", nargs="+", choices=CASES, default=list(CASES))
     parser.add_argument("--kind", default="nvidia-h200", help="the machine kind, for the ledger")
     parser.add_argument("--record", action="store_true", help="append this run to the ledger if it may stand")
@@ -318,8 +366,7 @@ def main(argv: list[str] | None = None) -> int:
              "baseline": {"commit": accepted["commit"], "cases": old} if accepted else None, "reason": args.reason}
     (args.out / "perf_guard.json").write_text(json.dumps({"entry": entry, "rows": rows, "ok": ok}, indent=1))
     if ok and args.record:
-        append(entry)
-        print(f"recorded in {LEDGER.relative_to(ROOT)}")
+        return append_run([args.out / "perf_guard.json"])
     return 0 if ok else 1
 
 

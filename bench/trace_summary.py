@@ -4,9 +4,11 @@
 
 Reads the Chrome trace the train stage writes beside its profile table (`train.profile_step`) and
 prints: the step's span, each stream's busy time (union of its kernels and copies), how much of
-the collective stream's time hides under compute, and the compute stream's idle gaps. A gap is
-charged to the host operators running on the launching thread at its midpoint (innermost first,
-then their callers): the host work the device was waiting for.
+the collective stream's time hides under compute, the compute stream's idle gaps, and the compute
+stream's kernel time by kind of work (matrix products on tensor cores or in fp32, attention, the
+Gated-DeltaNet, fused norms and activations, elementwise work and copies). A gap is charged to the
+host operators running on the launching thread at its midpoint (innermost first, then their
+callers): the host work the device was waiting for.
 """
 
 from __future__ import annotations
@@ -19,6 +21,22 @@ import json
 from pathlib import Path
 
 DEVICE_CATEGORIES = {"kernel", "gpu_memcpy", "gpu_memset"}
+# Kinds of device work by kernel name, the first match wins. The fp32 products run on CUDA cores (the
+# ffma tiles), a tensor-core product's cost many times over per FLOP.
+KERNEL_KINDS = (
+    ("matrix products, fp32", ("gemm_f32", "simt_sgemm", "sgemm_")),
+    ("matrix products", ("nvjet", "gemm", "cutlass", "splitkreduce", "xmma")),
+    ("attention", ("sdpa", "flash", "fmha", "cudnn::fusion")),
+    ("Gated-DeltaNet and its convolution", ("chunk_", "wy_repr", "recompute_w_u", "causal_conv1d", "l2norm")),
+    ("fused norms and activations", ("layer_norm", "rms_norm", "swiglu")),
+    ("elementwise, reductions and copies", ("elementwise", "cat", "copy", "reduce", "memset", "memcpy", "fill",
+                                           "scatter", "gather", "scan", "softmax", "multi_tensor")),
+)
+
+
+def kind_of(kernel_name: str) -> str:
+    name = kernel_name.lower()
+    return next((kind for kind, marks in KERNEL_KINDS if any(mark in name for mark in marks)), "other")
 
 
 def load_events(path: Path) -> list[dict]:
@@ -115,6 +133,13 @@ def summarize(events: list[dict], minimum_gap_us: float = 20.0, top: int = 15) -
         charged_inner[stack[0] if stack else "(no host operator)"] += end - start
         charged_outer[" < ".join(stack[:3]) if stack else "(no host operator)"] += end - start
 
+    by_kind = collections.Counter()
+    for event in compute_events:
+        by_kind[kind_of(event["name"])] += event["dur"]
+    top_kernels = collections.Counter()
+    for event in compute_events:
+        top_kernels[event["name"][:80]] += event["dur"]
+
     wall = span[1] - span[0]
     streams = {}
     for stream, spans in busy.items():
@@ -132,6 +157,8 @@ def summarize(events: list[dict], minimum_gap_us: float = 20.0, top: int = 15) -
         "idle_by_launching_thread_ms": {name: ms / 1e3 for name, ms in charged_thread.most_common()},
         "idle_by_host_operator_ms": {name: ms / 1e3 for name, ms in charged_inner.most_common(top)},
         "idle_by_host_stack_ms": {name: ms / 1e3 for name, ms in charged_outer.most_common(top)},
+        "compute_ms_by_kind": {kind: ms / 1e3 for kind, ms in by_kind.most_common()},
+        "compute_ms_by_kernel": {name: ms / 1e3 for name, ms in top_kernels.most_common(top)},
     }
 
 

@@ -78,16 +78,59 @@ def test_every_ledger_entry_is_a_real_run_with_its_machine_and_all_its_figures()
             assert figures <= set(values) and values["tokens_per_second"] > 0, (entry["commit"], case)
 
 
-def test_a_run_from_the_gpu_machine_is_appended_only_if_it_may_stand(tmp_path, monkeypatch):
+def guard_run(cases: dict, ok: bool = True, **entry) -> dict:
+    """What a guard run writes to OUT/perf_guard.json, with the baseline's figures of the same call."""
+    machine = {"kind": "nvidia-h200", "gpu": "NVIDIA H200", "driver": "580.159.04", "packages": {"torch": "2.11.0"}}
+    return {"ok": ok, "rows": [], "entry": {**machine, "commit": "abc1234", "date": "2026-12-03", "reason": None,
+                                            "cases": cases, "baseline": {"commit": "0ld0000", "cases": cases},
+                                            **entry}}
+
+
+def figures(tokens_per_second: float) -> dict:
+    return {"tokens_per_second": tokens_per_second, "peak_reserved_gib": 10.0, "step0_loss": 12.85}
+
+
+EVERY_CASE = {case: figures(10_000.0 + i) for i, case in enumerate(perf_guard.CASES)}
+
+
+def write(path: Path, run: dict) -> Path:
+    path.write_text(json.dumps(run))
+    return path
+
+
+def test_a_run_from_the_gpu_machine_is_appended_only_if_it_may_stand(tmp_path, monkeypatch, capsys):
     ledger = tmp_path / "perf_ledger.jsonl"
     monkeypatch.setattr(perf_guard, "LEDGER", ledger)
     monkeypatch.setattr(perf_guard, "ROOT", tmp_path)
-    run = tmp_path / "perf_guard.json"
-    run.write_text(json.dumps({"ok": False, "entry": {**OLD, "commit": "bad0000"}, "rows": []}))
-    assert perf_guard.main(["--append", str(run)]) == 1 and not ledger.exists()
-    run.write_text(json.dumps({"ok": True, "entry": OLD, "rows": []}))
-    assert perf_guard.main(["--append", str(run)]) == 0
-    assert [entry["commit"] for entry in perf_guard.read_ledger(ledger)] == ["abc1234"]
+    bad = write(tmp_path / "bad.json", guard_run(EVERY_CASE, ok=False, commit="bad0000"))
+    assert perf_guard.main(["--append", str(bad)]) == 1 and not ledger.exists()
+    assert "bad.json: that run regressed and gave no reason" in capsys.readouterr().err
+    partial = write(tmp_path / "partial.json", guard_run({"packed": EVERY_CASE["packed"]}))
+    assert perf_guard.main(["--append", str(partial)]) == 1 and not ledger.exists()
+    assert "no run of fixed128, plan12" in capsys.readouterr().err
+    whole = write(tmp_path / "whole.json", guard_run(EVERY_CASE))
+    assert perf_guard.main(["--append", str(whole)]) == 0
+    (entry,) = perf_guard.read_ledger(ledger)
+    assert entry["commit"] == "abc1234" and entry["cases"] == EVERY_CASE and "calls" not in entry
+
+
+def test_runs_of_one_commit_over_several_calls_make_one_entry_with_every_case(tmp_path, monkeypatch, capsys):
+    """A call's ten minutes hold one or two of the cases' pairs: each pair in its own call, one entry."""
+    ledger = tmp_path / "perf_ledger.jsonl"
+    monkeypatch.setattr(perf_guard, "LEDGER", ledger)
+    monkeypatch.setattr(perf_guard, "ROOT", tmp_path)
+    packed = write(tmp_path / "a.json", guard_run({"packed": EVERY_CASE["packed"]}, date="2026-12-03"))
+    fixed = write(tmp_path / "b.json", guard_run({"fixed128": EVERY_CASE["fixed128"]}, reason="exact losses"))
+    plan = write(tmp_path / "c.json", guard_run({"plan12": EVERY_CASE["plan12"]}, date="2026-12-04"))
+    other = write(tmp_path / "d.json", guard_run({"plan12": EVERY_CASE["plan12"]}, driver="590.1"))
+    assert perf_guard.main(["--append", str(packed), str(fixed), str(other)]) == 1 and not ledger.exists()
+    assert "d.json: its driver (590.1) is not" in capsys.readouterr().err
+    assert perf_guard.main(["--append", str(packed), str(fixed), str(packed)]) == 1 and not ledger.exists()
+    assert "packed is in an earlier file too" in capsys.readouterr().err
+    assert perf_guard.main(["--append", str(packed), str(fixed), str(plan)]) == 0
+    (entry,) = perf_guard.read_ledger(ledger)
+    assert entry["cases"] == EVERY_CASE and entry["baseline"] == {"commit": "0ld0000", "cases": EVERY_CASE}
+    assert (entry["calls"], entry["date"], entry["reason"]) == (3, "2026-12-04", "exact losses")
 
 
 def test_repeated_runs_are_judged_by_their_median_speed_and_largest_memory():

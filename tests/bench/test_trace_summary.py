@@ -53,3 +53,28 @@ def test_busy_idle_and_who_the_device_waited_for(tmp_path):
 def test_a_trace_without_device_work_is_refused():
     with pytest.raises(ValueError, match="taken on CPU"):
         trace_summary.summarize([{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 0, "dur": 5, "tid": 1}])
+
+
+def test_the_compute_streams_time_by_kind_of_work():
+    """Tensor-core products, fp32 ones on CUDA cores, attention, the Gated-DeltaNet, copies: each its own."""
+    names = {"nvjet_sm90_tst_256x160_64x4_2x1_v_bz_coopA_TNT": 40,
+             "sm80_xmma_gemm_f32f32_f32f32_f32_tn_n_tilesize128x32x8_stage3": 7,
+             "cudnn_generated_fort_native_sdpa_sm90_flash_bprop_wgmma_f16": 20,
+             "chunk_gated_delta_rule_fwd_kernel_h_blockdim64": 12, "causal_conv1d_bwd_kernel": 3,
+             "swiglu_fwdbwd_kernel": 5,
+             "void at::native::(anonymous namespace)::CatArrayBatchedCopy<at::native::": 6,
+             "void at::native::vectorized_elementwise_kernel<8, at::native::CUDAFunctor_add": 4,
+             "mystery_kernel": 1}
+    events, start = [], 0.0
+    for correlation, (name, duration) in enumerate(names.items()):
+        events.append(kernel(name, start, duration, 7, correlation))
+        start += duration
+    events.append(kernel("ncclDevKernel_AllGather", 0, 50, 17, 99))  # another stream's: not compute time
+    summary = trace_summary.summarize(events)
+    assert summary["compute_ms_by_kind"] == {
+        "matrix products": pytest.approx(0.040), "attention": pytest.approx(0.020),
+        "Gated-DeltaNet and its convolution": pytest.approx(0.015),
+        "elementwise, reductions and copies": pytest.approx(0.010), "matrix products, fp32": pytest.approx(0.007),
+        "fused norms and activations": pytest.approx(0.005), "other": pytest.approx(0.001)}
+    assert sum(summary["compute_ms_by_kind"].values()) == pytest.approx(summary["streams"]["7"]["busy_ms"])
+    assert list(summary["compute_ms_by_kernel"])[0] == "nvjet_sm90_tst_256x160_64x4_2x1_v_bz_coopA_TNT"
