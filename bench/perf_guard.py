@@ -235,7 +235,7 @@ def merged_entry(runs: list[tuple[Path, dict]]) -> dict:
             raise ValueError(f"{path}: that run regressed and gave no reason; it is not recorded")
         this = run["entry"]
         for key in SAME_RUN + ("baseline commit",):
-            mine, theirs = (shared_fact(entry, key) for entry in (this, first["entry"]))
+            mine, theirs = shared_fact(this, key), shared_fact(first["entry"], key)
             if mine != theirs:
                 raise ValueError(f"{path}: its {key} ({mine}) is not {first_path}'s ({theirs}); one entry holds "
                                  "one commit measured on one machine against one baseline")

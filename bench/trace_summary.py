@@ -133,11 +133,9 @@ def summarize(events: list[dict], minimum_gap_us: float = 20.0, top: int = 15) -
         charged_inner[stack[0] if stack else "(no host operator)"] += end - start
         charged_outer[" < ".join(stack[:3]) if stack else "(no host operator)"] += end - start
 
-    by_kind = collections.Counter()
+    by_kind, top_kernels = collections.Counter(), collections.Counter()
     for event in compute_events:
         by_kind[kind_of(event["name"])] += event["dur"]
-    top_kernels = collections.Counter()
-    for event in compute_events:
         top_kernels[event["name"][:80]] += event["dur"]
 
     wall = span[1] - span[0]
