@@ -216,11 +216,10 @@ def commit() -> str:
     return (git("rev-parse", "--short", "HEAD") or "unknown") + (" (modified)" if dirty else "")
 
 
-SAME_RUN = ("commit", "kind", "gpu", "driver", "packages")  # what the calls of one guard run share
-
-
-def shared_fact(entry: dict, key: str):
-    return (entry["baseline"] or {}).get("commit") if key == "baseline commit" else entry[key]
+def shared_facts(entry: dict) -> dict:
+    """What the calls of one guard run share: the commit, the machine, and the baseline measured beside it."""
+    return {**{key: entry[key] for key in ("commit", "kind", "gpu", "driver", "packages")},
+            "baseline commit": (entry["baseline"] or {}).get("commit")}
 
 
 def merged_entry(runs: list[tuple[Path, dict]]) -> dict:
@@ -229,13 +228,13 @@ def merged_entry(runs: list[tuple[Path, dict]]) -> dict:
     baseline beside it. Raises ValueError naming the file and what does not fit."""
     first_path, first = runs[0]
     entry = {**first["entry"], "cases": {}, "baseline": {**(first["entry"]["baseline"] or {}), "cases": {}}}
-    reasons = []
+    expected, reasons = shared_facts(first["entry"]), []
     for path, run in runs:
         if not run["ok"]:
             raise ValueError(f"{path}: that run regressed and gave no reason; it is not recorded")
         this = run["entry"]
-        for key in SAME_RUN + ("baseline commit",):
-            mine, theirs = shared_fact(this, key), shared_fact(first["entry"], key)
+        for key, mine in shared_facts(this).items():
+            theirs = expected[key]
             if mine != theirs:
                 raise ValueError(f"{path}: its {key} ({mine}) is not {first_path}'s ({theirs}); one entry holds "
                                  "one commit measured on one machine against one baseline")
