@@ -337,13 +337,16 @@ def build(config, device, dtype, longest: int, opts):
     from videosft.kernels.gated_deltanet import select_gated_delta_rule
     from videosft.errors import ConfigError
     from videosft.training.setup import add_lora, decoder_layers, enable_checkpointing
-    from videosft.kernels.vision_attention import batch_vision_attention
+    from videosft.kernels import vision_rotary
+    from videosft.kernels.vision_attention import batch_vision_attention, vision_attention_modules
 
     model = new_model(config, device, dtype, opts.weights)
     autotune.apply(device)  # as the train stage does: fla's choices for this GPU model, before any kernel runs
+    rotary = vision_rotary.select(vision_attention_modules(model), device)["implementation"]
     kernels = {"gated_deltanet": select_gated_delta_rule(model, device, longest)["implementation"],
                "fused": select_fused_kernels(model, device, longest)["implementation"],
-               "vision_batched": batch_vision_attention(model),
+               "vision_rotary": rotary,
+               "vision_batched": batch_vision_attention(model, fused_rotary=rotary == "triton"),
                "packed_attention": packed_attention.bind(model)}  # as train binds it with pack_tokens
     if opts.checkpointing:
         try:

@@ -28,3 +28,11 @@ def test_a_gpu_run_without_fla_is_warned_with_the_cost_and_the_fix():
 def test_the_torch_path_asked_for_or_on_a_cpu_is_not_warned_about():
     assert slow_paths(kernels("asked for"), GPU) == []  # VIDEOSFT_GATED_DELTANET=torch
     assert slow_paths(kernels("fla does not import"), CPU) == []  # the CPU has no fla path to miss
+
+
+def test_the_vision_rotary_embedding_has_its_line():
+    checked = {**kernels("asked for"), "vision_rotary": {"implementation": "triton", "checks": [{}] * 4}}
+    assert ("vision rotary embedding: triton (one kernel, equal to transformers' bit for bit in 4 checks)") in summary(checked, CPU)
+    kept = {**kernels("asked for"), "vision_rotary": {"implementation": "torch", "reason": "asked for", "checks": []}}
+    assert "vision rotary embedding: torch (asked for)" in summary(kept, CPU)
+    assert not any("vision rotary" in line for line in summary(kernels("asked for"), CPU))  # a model without a tower

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from . import attention_backends, autotune, packed_attention
+from . import attention_backends, autotune, packed_attention, vision_rotary
 from .fused import select_fused_kernels
 from .gated_deltanet import select_gated_delta_rule, slow_path_warning
-from .vision_attention import batch_vision_attention
+from .vision_attention import batch_vision_attention, vision_attention_modules
 
 
 def before_build(meta_model, device, longest_tokens: int, autotune_table: tuple[Path, str, str] | None) -> dict:
@@ -28,12 +28,15 @@ def before_build(meta_model, device, longest_tokens: int, autotune_table: tuple[
 
 def bind(model, chosen: dict, device, longest_tokens: int, fused: str, packed: bool, padded: bool) -> dict:
     """The rest, on the built model: the fused kernels (checked at ``longest_tokens``, a whole pack when
-    packing), one vision attention per layer, the language model's causal attention per sample
+    packing), one vision attention per layer with its rotary embedding in one kernel (checked bit for bit;
+    ``fused`` = ``torch`` keeps transformers' function), the language model's causal attention per sample
     (a pack's or the one sample's, bucketed onto cuDNN's kernel on Hopper), and the SDPA backends for
     padded or unpadded micro-batches."""
+    rotary = vision_rotary.select(vision_attention_modules(model), device, fused)
     bound = {**chosen,
              "fused": select_fused_kernels(model, device, longest_tokens, fused),
-             "vision_attention_batched": batch_vision_attention(model),
+             "vision_rotary": rotary,
+             "vision_attention_batched": batch_vision_attention(model, rotary["implementation"] == "triton"),
              "packed_attention": packed_attention.bind(model) if packed or not padded else None,
              "attention": attention_backends.for_batches(device, padded=padded)}
     bound["warnings"] = slow_paths(bound, device)
@@ -59,11 +62,16 @@ def slow_paths(kernels: dict, device) -> list[str]:
 
 
 def summary(kernels: dict, device) -> list[str]:
-    """The log lines that say what runs: the Gated-DeltaNet, the fused kernels, and on a GPU the autotune table,
-    after any slow path's warning (:func:`slow_paths`), first."""
+    """The log lines that say what runs: the Gated-DeltaNet, the fused kernels, the vision rotary embedding, and
+    on a GPU the autotune table, after any slow path's warning (:func:`slow_paths`), first."""
     fused = {kind: impl for kind, impl in kernels["fused"]["implementation"].items() if impl}
     lines = [*kernels.get("warnings", []),
              f"Gated-DeltaNet: {kernels['gated_deltanet']['implementation']}; fused kernels: {fused}"]
+    rotary = kernels.get("vision_rotary")
+    if rotary and rotary["implementation"]:
+        checked = f", equal to transformers' bit for bit in {len(rotary['checks'])} checks" if rotary["checks"] else ""
+        lines.append(f"vision rotary embedding: {rotary['implementation']} "
+                     f"({rotary.get('reason', 'one kernel')}{checked})")
     if device.type == "cuda":
         lines.append(autotune.summary(kernels["autotune"]))
     return lines

@@ -11,13 +11,17 @@ one SDPA call over a batch of pairs computes the same attention (same kernel, sa
 pair attending to itself only). :func:`batch_vision_attention` makes each vision attention module
 do that when every chunk has the same length and SDPA is the attention implementation, and keep
 transformers' own forward otherwise (images of several sizes, Qwen2.5-VL's uneven windows, flash
-attention).
+attention). With ``fused_rotary`` the batched forward takes the rotary embedding in one kernel
+(:mod:`videosft.kernels.vision_rotary`, after :func:`videosft.kernels.vision_rotary.select` has checked it).
 """
 
 from __future__ import annotations
 
+import functools
 import sys
 import types
+
+from .vision_rotary import rotary
 
 # the cu_seqlens tensor last seen and its chunk length: all layers of one forward share the tensor,
 # so its lengths cross to the host once per forward rather than once per layer
@@ -55,17 +59,26 @@ def _batched_forward(self, hidden_states, cu_seqlens, position_embeddings=None, 
     return self.proj(output.transpose(1, 2).reshape(seq_length, -1))
 
 
-def batch_vision_attention(model) -> int:
-    """Give every vision attention module of ``model`` the batched forward; returns how many."""
-    patched = 0
+def vision_attention_modules(model) -> list[tuple]:
+    """The vision attention modules of ``model`` that the batched forward can take, each with its modeling
+    module's ``apply_rotary_pos_emb_vision``."""
+    found = []
     for module in model.modules():
         modeling = sys.modules[type(module).__module__]
-        if not (type(module).__name__.endswith("VisionAttention") and hasattr(modeling, "apply_rotary_pos_emb_vision")
+        if (type(module).__name__.endswith("VisionAttention") and hasattr(modeling, "apply_rotary_pos_emb_vision")
                 and all(hasattr(module, name) for name in ("qkv", "proj", "num_heads", "scaling", "config"))):
-            continue
+            found.append((module, modeling.apply_rotary_pos_emb_vision))
+    return found
+
+
+def batch_vision_attention(model, fused_rotary: bool = False) -> int:
+    """Give every vision attention module of ``model`` the batched forward, with the fused rotary embedding
+    where ``fused_rotary`` (checked first: :func:`videosft.kernels.vision_rotary.select`) or transformers'
+    function; returns how many modules."""
+    modules = vision_attention_modules(model)
+    for module, reference in modules:
         if not hasattr(module, "_unbatched_forward"):
             module._unbatched_forward = module.forward
-            module._rotary = modeling.apply_rotary_pos_emb_vision
             module.forward = types.MethodType(_batched_forward, module)
-        patched += 1
-    return patched
+        module._rotary = functools.partial(rotary, reference=reference) if fused_rotary else reference
+    return len(modules)
