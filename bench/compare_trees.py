@@ -58,6 +58,17 @@ def parse_run(text: str) -> dict:
     return run
 
 
+def run_labels(runs: list[dict]) -> list[str]:
+    """Each run's key in the results: its text, numbered from the second run of the same text on (``old:ours``,
+    ``old:ours #2``), so that a pair run twice to see the machine's drift keeps every figure."""
+    seen: dict[str, int] = {}
+    labels = []
+    for run in runs:
+        seen[run["label"]] = seen.get(run["label"], 0) + 1
+        labels.append(run["label"] if seen[run["label"]] == 1 else f"{run['label']} #{seen[run['label']]}")
+    return labels
+
+
 def run_one(run: dict, tree: Path, args, model: Path, out: Path, work: Path) -> dict:
     work.mkdir(parents=True, exist_ok=True)
     out.mkdir(parents=True, exist_ok=True)
@@ -83,7 +94,8 @@ def run_one(run: dict, tree: Path, args, model: Path, out: Path, work: Path) -> 
                "all_step_seconds": [round(s["step_seconds"], 3) for s in steps],
                "peak_allocated_gib": facts["per_rank"]["0"]["peak_allocated_gib"] if "0" in facts["per_rank"]
                else facts["per_rank"][0]["peak_allocated_gib"],
-               "input_tokens": steps[0]["input_tokens"], "step0_loss": steps[0]["loss"], "mfu": facts.get("mfu")}
+               "input_tokens": steps[0]["input_tokens"], "step0_loss": steps[0]["loss"]}
+    # no MFU: each tree's train_throughput has its own definition (4488029's counted the recomputed forward)
     if (train_out / "autotune.json").exists():  # the choices this run's autotuning made, a table to ship
         shutil.copy(train_out / "autotune.json", out / "autotune.json")
     if run["profile"]:
@@ -117,14 +129,14 @@ def main() -> None:
     shutil.rmtree(scratch, ignore_errors=True)
     model = scratch / "model"
     results = {}
-    for number, run in enumerate(runs):
+    for number, (run, label) in enumerate(zip(runs, run_labels(runs))):
         out = scratch / f"run{number}"
         work = args.work or scratch / f"work-{run['tree']}"
-        results[run["label"]] = figures = run_one(run, trees[run["tree"]], args, model, out, work)
+        results[label] = figures = run_one(run, trees[run["tree"]], args, model, out, work)
         if not model.exists() and (work / "model").is_dir() and not (work / "model").is_symlink():
             shutil.move(str(work / "model"), model)  # the first build serves every later run
             (work / "model").symlink_to(model)
-        print(json.dumps({run["label"]: figures}, default=str), flush=True)
+        print(json.dumps({label: figures}, default=str), flush=True)
         (args.out / "compare_trees.json").write_text(json.dumps(results, indent=1, default=str))
         with tarfile.open(args.out / "profiles.tar.gz", "w:gz") as packed:  # after each run: a timeout keeps them
             for path in sorted(scratch.glob("run*/*")):
