@@ -29,6 +29,7 @@ KERNEL_KINDS = (
     ("attention", ("sdpa", "flash", "fmha", "cudnn::fusion")),
     ("Gated-DeltaNet and its convolution", ("chunk_", "wy_repr", "recompute_w_u", "causal_conv1d", "l2norm")),
     ("fused norms and activations", ("layer_norm", "rms_norm", "swiglu")),
+    ("vision rotary embedding, fused", ("rotary_kernel",)),  # videosft.kernels.vision_rotary
     ("elementwise, reductions and copies", ("elementwise", "cat", "copy", "reduce", "memset", "memcpy", "fill",
                                            "scatter", "gather", "scan", "softmax", "multi_tensor")),
 )

@@ -61,7 +61,7 @@ def test_the_compute_streams_time_by_kind_of_work():
              "sm80_xmma_gemm_f32f32_f32f32_f32_tn_n_tilesize128x32x8_stage3": 7,
              "cudnn_generated_fort_native_sdpa_sm90_flash_bprop_wgmma_f16": 20,
              "chunk_gated_delta_rule_fwd_kernel_h_blockdim64": 12, "causal_conv1d_bwd_kernel": 3,
-             "swiglu_fwdbwd_kernel": 5,
+             "swiglu_fwdbwd_kernel": 5, "rotary_kernel": 2,
              "void at::native::(anonymous namespace)::CatArrayBatchedCopy<at::native::": 6,
              "void at::native::vectorized_elementwise_kernel<8, at::native::CUDAFunctor_add": 4,
              "mystery_kernel": 1}
@@ -75,6 +75,7 @@ def test_the_compute_streams_time_by_kind_of_work():
         "matrix products": pytest.approx(0.040), "attention": pytest.approx(0.020),
         "Gated-DeltaNet and its convolution": pytest.approx(0.015),
         "elementwise, reductions and copies": pytest.approx(0.010), "matrix products, fp32": pytest.approx(0.007),
-        "fused norms and activations": pytest.approx(0.005), "other": pytest.approx(0.001)}
+        "fused norms and activations": pytest.approx(0.005), "vision rotary embedding, fused": pytest.approx(0.002),
+        "other": pytest.approx(0.001)}
     assert sum(summary["compute_ms_by_kind"].values()) == pytest.approx(summary["streams"]["7"]["busy_ms"])
     assert list(summary["compute_ms_by_kernel"])[0] == "nvjet_sm90_tst_256x160_64x4_2x1_v_bz_coopA_TNT"
