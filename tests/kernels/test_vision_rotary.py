@@ -111,6 +111,13 @@ def test_select_checks_every_head_shape_before_binding(interpreter):
     assert all(row["differing_elements"] == 0 for row in record["checks"])
 
 
+def test_the_check_runs_in_the_towers_dtype():
+    half = attention_module(2, 8)
+    half.qkv = torch.nn.Linear(16, 48, dtype=torch.float16)
+    assert vision_rotary.tower_dtype([(half, reference)]) == torch.float16
+    assert vision_rotary.tower_dtype([(attention_module(2, 8), reference)]) == torch.bfloat16  # training's
+
+
 def test_a_kernel_that_differs_is_an_error_naming_the_shape_and_the_switch(interpreter):
     def fused_multiply_add(q, k, cos, sin):  # one rounding fewer than transformers: a few last bits differ
         def one(x):
@@ -154,8 +161,9 @@ def test_the_tiny_towers_output_is_unchanged_with_the_kernel_bound(interpreter, 
     modules = vision_attention_modules(model)
     assert batch_vision_attention(model) == len(modules) == model.config.vision_config.depth
     expected = tower()
-    record = vision_rotary.select(modules, "cpu", dtype=torch.float32, lengths=LENGTHS)
-    assert record["implementation"] == "triton"
+    assert vision_rotary.tower_dtype(modules) == torch.float32
+    record = vision_rotary.select(modules, "cpu", lengths=LENGTHS)  # checked in the tower's dtype
+    assert record["implementation"] == "triton" and {row["dtype"] for row in record["checks"]} == {"torch.float32"}
     batch_vision_attention(model, fused_rotary=True)
     assert all(module._rotary.func is vision_rotary.rotary for module, _ in modules)
     assert torch.equal(tower(), expected)

@@ -150,11 +150,19 @@ def head_shapes(modules) -> list[tuple[int, int]]:
     return sorted(shapes)
 
 
+def tower_dtype(modules):
+    """The dtype the tower's attention computes in (its ``qkv`` weight's, partitioned or not), else bf16."""
+    import torch
+
+    weight = getattr(getattr(modules[0][0], "qkv", None), "weight", None)
+    return weight.dtype if weight is not None else torch.bfloat16
+
+
 def select(modules, device, requested: str = "auto", dtype=None, lengths=CHECK_TOKENS) -> dict:
     """Whether the tower's attention modules (``(module, reference)`` pairs, the reference being their
     modeling module's ``apply_rotary_pos_emb_vision``) take :func:`rotary`: checked bit for bit at their
-    head shapes on ``device`` in ``dtype`` (default bf16, the training dtype) and in fp32, at ``lengths`` tokens,
-    every rank agreeing.
+    head shapes on ``device`` in ``dtype`` (default: the tower's, :func:`tower_dtype`) and in fp32, at ``lengths``
+    tokens, every rank agreeing.
     ``requested`` as the fused kernels' (``auto``, ``fla`` or ``torch``; :data:`ENV` overrides it):
     ``torch`` keeps transformers' function, the others the kernel wherever a CUDA device is."""
     import torch
@@ -175,7 +183,7 @@ def select(modules, device, requested: str = "auto", dtype=None, lengths=CHECK_T
     if device.type != "cuda" and not _interpreting():
         record["reason"] = "no CUDA device"
         return record
-    dtypes = sorted({dtype or torch.bfloat16, torch.float32}, key=str)
+    dtypes = sorted({dtype or tower_dtype(modules), torch.float32}, key=str)
     failures = []
     for heads, head_dim in head_shapes(modules):
         for check_dtype in dtypes:
