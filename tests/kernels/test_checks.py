@@ -45,3 +45,18 @@ def test_torch_is_taken_with_its_reason_and_fla_asked_for_where_it_cannot_run_is
 def test_the_standalone_checks_default_to_the_run_lengths():
     args = checks.check_parser("a check", "time it").parse_args(["--model-config", "config.json"])
     assert args.tokens == [checks.CHECK_MAX_TOKENS, checks.CHECK_SHORT_TOKENS] and args.device == "cuda"
+
+
+def test_the_switch_overrides_the_argument_and_a_bad_value_is_a_config_error(monkeypatch):
+    from videosft.errors import ConfigError
+
+    monkeypatch.delenv("VIDEOSFT_TEST_SWITCH", raising=False)
+    assert checks.requested_choice("auto", "VIDEOSFT_TEST_SWITCH") == ("auto", False)
+    monkeypatch.setenv("VIDEOSFT_TEST_SWITCH", "torch")
+    assert checks.requested_choice("fla", "VIDEOSFT_TEST_SWITCH") == ("torch", True)
+    monkeypatch.setenv("VIDEOSFT_TEST_SWITCH", "fast")  # the stage prints this line, no traceback
+    with pytest.raises(ConfigError, match="^VIDEOSFT_TEST_SWITCH='fast': choose one of auto, fla, torch$"):
+        checks.requested_choice("auto", "VIDEOSFT_TEST_SWITCH")
+    monkeypatch.delenv("VIDEOSFT_TEST_SWITCH")
+    with pytest.raises(ConfigError, match="^requested='fast': choose one of"):
+        checks.requested_choice("fast", "VIDEOSFT_TEST_SWITCH")

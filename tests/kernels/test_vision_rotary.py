@@ -14,6 +14,7 @@ import torch
 from transformers.models.qwen3_5.modeling_qwen3_5 import apply_rotary_pos_emb_vision as reference
 
 from videosft.kernels import fused, vision_rotary
+from videosft.errors import ConfigError
 from videosft.kernels.checks import KernelCheckError
 from videosft.kernels.vision_attention import batch_vision_attention, vision_attention_modules
 
@@ -140,7 +141,7 @@ def test_the_switch_keeps_transformers_function(interpreter, monkeypatch):
     assert record == {"requested": "torch", "modules": 1, "implementation": "torch", "checks": [],
                       "reason": "asked for"}
     monkeypatch.setenv(fused.ENV, "fastest")
-    with pytest.raises(ValueError, match=f"{fused.ENV}='fastest': choose one of auto, fla, torch"):
+    with pytest.raises(ConfigError, match=f"{fused.ENV}='fastest': choose one of auto, fla, torch"):
         vision_rotary.select([(attention_module(2, 8), reference)], "cpu")
 
 

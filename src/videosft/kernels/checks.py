@@ -10,8 +10,9 @@ whether fla imports, the timing of the standalone checks and their command line.
 from __future__ import annotations
 
 import contextlib
+import os
 
-from ..errors import UserError
+from ..errors import ConfigError, UserError
 
 CHOICES = ("auto", "fla", "torch")
 # Relative error ||x - reference|| / ||reference|| allowed for the output and each input gradient:
@@ -32,6 +33,17 @@ class KernelCheckError(UserError, RuntimeError):
 
 
 # ---------------------------------------------------------------- which implementation
+
+
+def requested_choice(requested: str, env: str) -> tuple[str, bool]:
+    """The implementation asked for, and whether the environment variable ``env`` asked (it overrides
+    ``requested`` where set); a value outside :data:`CHOICES` is an error naming where it came from."""
+    from_env = os.environ.get(env)
+    chosen = from_env or requested
+    if chosen not in CHOICES:
+        source = f"{env}={chosen!r}" if from_env else f"requested={chosen!r}"
+        raise ConfigError(f"{source}: choose one of {', '.join(CHOICES)}")
+    return chosen, bool(from_env)
 
 
 def torch_reason(requested: str, status: dict, device, asked_by: str) -> str | None:

@@ -85,8 +85,8 @@ import time
 import types
 from dataclasses import dataclass, field
 
-from ..kernels.checks import (CHOICES, RELATIVE_ERROR_BOUND, KernelCheckError, all_ranks_agree, check_lengths,
-                              check_parser, exact_fp32, fla_import_status, milliseconds_per_call, relative_errors,
+from ..kernels.checks import (RELATIVE_ERROR_BOUND, KernelCheckError, all_ranks_agree, check_lengths, check_parser,
+                              exact_fp32, fla_import_status, milliseconds_per_call, relative_errors, requested_choice,
                               torch_reason, verdict)
 from ..kernels.gated_deltanet import CONV_NAME, per_sample
 
@@ -667,11 +667,7 @@ def select_fused_kernels(model, device, longest_tokens: int, requested: str = "a
     """
     import torch
 
-    from_env = os.environ.get(ENV)
-    requested = from_env or requested
-    if requested not in CHOICES:
-        source = f"{ENV}={requested!r}" if from_env else f"requested={requested!r}"
-        raise ValueError(f"{source}: choose one of {', '.join(CHOICES)}")
+    requested, from_env = requested_choice(requested, ENV)
     device = torch.device(device)
     sites, unrecognized = find_sites(model)
     found = dict.fromkeys(KINDS, 0)

@@ -43,6 +43,7 @@ import os
 import sys
 import time
 
+from ..errors import ConfigError
 from ..kernels.checks import (CHOICES, RELATIVE_ERROR_BOUND, KernelCheckError, all_ranks_agree, check_lengths,
                               check_parser, fla_import_status, milliseconds_per_call, relative_errors, torch_reason,
                               verdict)
@@ -276,7 +277,7 @@ def select_gated_delta_rule(model, device, longest_tokens: int, requested: str |
     """Bind the checked implementation into the model's modeling module(s); return what the run record keeps."""
     requested = requested or os.environ.get(ENV, "auto")
     if requested not in CHOICES:
-        raise ValueError(f"{ENV}={requested!r}: choose one of {', '.join(CHOICES)}")
+        raise ConfigError(f"{ENV}={requested!r}: choose one of {', '.join(CHOICES)}")
     shapes = layer_shapes(model)
     record = {"requested": requested, "implementation": None}
     if not shapes:

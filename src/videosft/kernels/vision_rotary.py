@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import os
 
-from .checks import CHECK_SHORT_TOKENS, CHOICES, KernelCheckError, all_ranks_agree
+from .checks import CHECK_SHORT_TOKENS, KernelCheckError, all_ranks_agree, requested_choice
 from .fused import ENV
 
 # An odd length with a partial wave of programs, and a tower's sequence of a few frames.
@@ -167,11 +167,7 @@ def select(modules, device, requested: str = "auto", dtype=None, lengths=CHECK_T
     ``torch`` keeps transformers' function, the others the kernel wherever a CUDA device is."""
     import torch
 
-    from_env = os.environ.get(ENV)
-    requested = from_env or requested
-    if requested not in CHOICES:
-        raise ValueError(f"{f'{ENV}={requested!r}' if from_env else f'requested={requested!r}'}: "
-                         f"choose one of {', '.join(CHOICES)}")
+    requested, _ = requested_choice(requested, ENV)
     device = torch.device(device)
     record = {"requested": requested, "modules": len(modules), "implementation": "torch", "checks": []}
     if not modules:
