@@ -8,8 +8,9 @@ activations that grow with the sample), extended to ZeRO-3, LoRA and video:
 * the gathered working set: the largest block ZeRO-3 must assemble at once (a decoder layer, or
   the embedding / LM head) plus the prefetch bucket; with whole-block gathering, the embedding and
   a whole decoder layer;
-* LoRA: weights, gradients and fp32 Adam states (master, first and second moment): 2 + 2 + 12
-  bytes per trainable parameter in bf16, partitioned, plus the gradient reduce buffer;
+* LoRA: weights and gradients in fp32 whatever the training precision (:data:`ADAPTER_BYTES` says why),
+  DeepSpeed's fp32 master copy and Adam's two moments: 20 bytes per trainable parameter, partitioned,
+  plus the gradient reduce buffer;
 * activations of the longest sample: the checkpointed input of every decoder layer, one layer's
   forward + backward working set during recomputation, the logits (only at supervised positions
   when the trainer slices them, else every position), and the vision tower's forward under
@@ -64,6 +65,12 @@ COEFFICIENTS = {"torch": (BACKWARD_OVER_FORWARD, RESERVED_OVER_ALLOCATED),
                 "fla": (FLA_BACKWARD_OVER_FORWARD, FLA_RESERVED_OVER_ALLOCATED)}
 # fp32 logits upcast + their gradient, on top of the logits in the training precision.
 LOGIT_EXTRA_BYTES = 8
+# peft creates the adapters in fp32 and DeepSpeed's engine does not cast parameters added after the
+# partitioned build, so they and their gradient partitions (in the dtype of the optimizer's first parameter)
+# are fp32 whatever the training precision; the reduce bucket is in the communication dtype, the precision's.
+ADAPTER_BYTES = 4
+# An adapter parameter, its gradient, DeepSpeed's fp32 master copy of it and Adam's two moments.
+LORA_BYTES_PER_PARAMETER = 5 * ADAPTER_BYTES
 
 
 @dataclass(frozen=True)
@@ -232,7 +239,7 @@ def plan_peak(model: ModelFacts, sample: SampleFacts, trainable: int, world: int
         # for the all-gather (the largest: the embedding); fits the two measured offload peaks
         # (bench/RESULTS.md) within 8%, where without it they were 8% and 20% low
         "offload_staging": largest_block(model) * p / world if weights_on_host else 0,
-        "lora_weights_grads_adam": trainable * (2 * p + 12) / world,
+        "lora_weights_grads_adam": trainable * LORA_BYTES_PER_PARAMETER / world,
         # with contiguous_gradients DeepSpeed allocates a whole reduce bucket up front (stage3.py, "IPG")
         "gradient_reduce_buffer": (reduce_bucket if ds_zero.get("contiguous_gradients", True) else 0) * p
         + min(reduce_bucket, trainable) * p,
