@@ -109,6 +109,16 @@ def test_flowchart_walks_the_lecture_steps():
     assert flowchart(MODEL, SAMPLE, 10_000_000, 2, ZERO, 12.0, bf16_supported=False)[0]["answer"] == "fp16"
 
 
+def test_adapters_are_fp32_and_the_whole_model_trains_at_the_lectures_16_bytes():
+    lora = plan_peak(MODEL, SAMPLE, 10_000_000, 1, ZERO)["components_gib"]
+    assert lora["lora_weights_grads_adam"] * GIB == pytest.approx(10e6 * (4 + 4 + 12))  # fp32 weight and gradient
+    full = plan_peak(MODEL, SAMPLE, 4_000_000_000, 1, ZERO, trainable_bytes=2 + 12)["components_gib"]
+    assert (full["weights_partitioned"] + full["lora_weights_grads_adam"]) * GIB == pytest.approx(4e9 * 16)
+    steps = flowchart(MODEL, SAMPLE, 10_000_000, 2, ZERO, limit_gib=12.0)
+    no_checkpointing = plan_peak(MODEL, SAMPLE, 4_000_000_000, 1, ZERO, checkpointing=False, trainable_bytes=14)
+    assert steps[1]["predicted_gib"] == pytest.approx(no_checkpointing["reserved_gib"])
+
+
 def test_offloading_takes_weights_and_checkpointed_inputs_off_the_gpu():
     base = plan_peak(MODEL, SAMPLE, 10_000_000, 2, ZERO)["components_gib"]
     offloaded = plan_peak(MODEL, SAMPLE, 10_000_000, 2, {**ZERO, "offload_param": {"device": "cpu"}},

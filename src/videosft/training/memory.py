@@ -196,7 +196,8 @@ def gathered_parameters(model: ModelFacts, world: int, ds_zero: dict, weights_on
 def plan_peak(model: ModelFacts, sample: SampleFacts, trainable: int, world: int, ds_zero: dict,
               precision: str = "bf16", sliced_logits: bool = True, checkpointing: bool = True,
               kernels: str | None = None, offload_activations: bool = False,
-              whole_blocks: bool = False, sequence_parallel: int = 1, uncheckpointed_layers: int = 0) -> dict:
+              whole_blocks: bool = False, sequence_parallel: int = 1, uncheckpointed_layers: int = 0,
+              trainable_bytes: int = LORA_BYTES_PER_PARAMETER) -> dict:
     """Predicted peak bytes per rank, by component (``kernels``: a key of ``COEFFICIENTS``, the
     kernel set the run uses; None: as :func:`planned_kernels` says). ``ds_zero["offload_param"]``
     on the host takes the weights' partition off the GPU; ``offload_activations`` the checkpointed layer inputs
@@ -208,7 +209,8 @@ def plan_peak(model: ModelFacts, sample: SampleFacts, trainable: int, world: int
     partitioned over the whole world; its attention runs on every token for 1/n of the heads, as many bytes
     as its slice of all heads, and the all-to-alls hold a send and a receive copy of one layer's query, key
     and value slice. The supervised logits are planned whole on one rank (the answer follows the video, on
-    the last)."""
+    the last). ``trainable_bytes``: per trainable parameter beyond the base weights (an adapter's, by default;
+    the base's own gradient and optimizer states where the whole model trains)."""
     kernels = kernels or planned_kernels()
     backward_over_forward, reserved_over_allocated = COEFFICIENTS[kernels]
     p = precision_bytes(precision)
@@ -239,7 +241,7 @@ def plan_peak(model: ModelFacts, sample: SampleFacts, trainable: int, world: int
         # for the all-gather (the largest: the embedding); fits the two measured offload peaks
         # (bench/RESULTS.md) within 8%, where without it they were 8% and 20% low
         "offload_staging": largest_block(model) * p / world if weights_on_host else 0,
-        "lora_weights_grads_adam": trainable * LORA_BYTES_PER_PARAMETER / world,
+        "lora_weights_grads_adam": trainable * trainable_bytes / world,
         # with contiguous_gradients DeepSpeed allocates a whole reduce bucket up front (stage3.py, "IPG")
         "gradient_reduce_buffer": (reduce_bucket if ds_zero.get("contiguous_gradients", True) else 0) * p
         + min(reduce_bucket, trainable) * p,
@@ -312,11 +314,13 @@ def flowchart(model: ModelFacts, sample: SampleFacts, trainable: int, world: int
     steps = [{"question": "mixed precision?", "answer": precision,
               "why": "always train in mixed precision; bf16 where the GPU supports it (Ampere and newer), "
                      "else fp16 with loss scaling"}]
-    full_one = plan_peak(model, sample, model.parameters, 1, ds_zero, precision, checkpointing=False)
+    # the whole model trains: its weights are counted already; a gradient in the precision, fp32 master and moments
+    full = {"trainable_bytes": precision_bytes(precision) + 12}
+    full_one = plan_peak(model, sample, model.parameters, 1, ds_zero, precision, checkpointing=False, **full)
     steps.append({"question": "full fine-tuning, batch 1, one GPU?", "predicted_gib": full_one["reserved_gib"],
                   "answer": "fits" if full_one["reserved_gib"] <= limit_gib else "does not fit",
                   "why": "16 bytes per parameter (weights, gradients, Adam) plus activations"})
-    full_zero3 = plan_peak(model, sample, model.parameters, world, ds_zero, precision)
+    full_zero3 = plan_peak(model, sample, model.parameters, world, ds_zero, precision, **full)
     steps.append({"question": f"full fine-tuning, ZeRO-3 over {world} GPUs, gradient checkpointing?",
                   "predicted_gib": full_zero3["reserved_gib"],
                   "answer": "fits" if full_zero3["reserved_gib"] <= limit_gib else "does not fit",
