@@ -70,7 +70,7 @@ LOGIT_EXTRA_BYTES = 8
 # are fp32 whatever the training precision; the reduce bucket is in the communication dtype, the precision's.
 ADAPTER_BYTES = 4
 # An adapter parameter, its gradient, DeepSpeed's fp32 master copy of it and Adam's two moments.
-LORA_BYTES_PER_PARAMETER = 5 * ADAPTER_BYTES
+LORA_BYTES = 5 * ADAPTER_BYTES
 
 
 @dataclass(frozen=True)
@@ -195,22 +195,20 @@ def gathered_parameters(model: ModelFacts, world: int, ds_zero: dict, weights_on
 
 def plan_peak(model: ModelFacts, sample: SampleFacts, trainable: int, world: int, ds_zero: dict,
               precision: str = "bf16", sliced_logits: bool = True, checkpointing: bool = True,
-              kernels: str | None = None, offload_activations: bool = False,
-              whole_blocks: bool = False, sequence_parallel: int = 1, uncheckpointed_layers: int = 0,
-              trainable_bytes: int = LORA_BYTES_PER_PARAMETER) -> dict:
+              kernels: str | None = None, offload_activations: bool = False, whole_blocks: bool = False,
+              sequence_parallel: int = 1, uncheckpointed_layers: int = 0, trainable_bytes: int = LORA_BYTES) -> dict:
     """Predicted peak bytes per rank, by component (``kernels``: a key of ``COEFFICIENTS``, the
     kernel set the run uses; None: as :func:`planned_kernels` says). ``ds_zero["offload_param"]``
     on the host takes the weights' partition off the GPU; ``offload_activations`` the checkpointed layer inputs
     (one comes back at a time, for its layer's recomputation); ``uncheckpointed_layers`` n: the last n
     layers keep their whole forward's activations instead of their input (train.uncheckpointed_layers);
-    ``whole_blocks``: ZeRO-3 gathers whole decoder layers (train.gather_whole_blocks). ``sequence_parallel``
-    n: n ranks share the sequence (train.sequence_parallel), so a rank holds a slice of its tokens and
-    frames, at most a 1/n share plus one frame pair (the cuts fall between pairs), while the weights stay
-    partitioned over the whole world; its attention runs on every token for 1/n of the heads, as many bytes
-    as its slice of all heads, and the all-to-alls hold a send and a receive copy of one layer's query, key
-    and value slice. The supervised logits are planned whole on one rank (the answer follows the video, on
-    the last). ``trainable_bytes``: per trainable parameter beyond the base weights (an adapter's, by default;
-    the base's own gradient and optimizer states where the whole model trains)."""
+    ``whole_blocks``: ZeRO-3 gathers whole decoder layers (train.gather_whole_blocks). ``sequence_parallel`` n: n
+    ranks share the sequence (train.sequence_parallel), so a rank holds a slice of its tokens and frames, at
+    most a 1/n share plus one frame pair (the cuts fall between pairs), while the weights stay partitioned over
+    the whole world; its attention runs on every token for 1/n of the heads, as many bytes as its slice of all
+    heads, and the all-to-alls hold a send and a receive copy of one layer's query, key and value slice. The
+    supervised logits are planned whole on one rank (the answer follows the video, on the last).
+    ``trainable_bytes``: per trainable parameter beside the base weights (default: an adapter's, :data:`LORA_BYTES`)."""
     kernels = kernels or planned_kernels()
     backward_over_forward, reserved_over_allocated = COEFFICIENTS[kernels]
     p = precision_bytes(precision)
