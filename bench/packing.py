@@ -337,16 +337,14 @@ def build(config, device, dtype, longest: int, opts):
     from videosft.kernels.gated_deltanet import select_gated_delta_rule
     from videosft.errors import ConfigError
     from videosft.training.setup import add_lora, decoder_layers, enable_checkpointing
-    from videosft.kernels import vision_rotary
-    from videosft.kernels.vision_attention import batch_vision_attention, vision_attention_modules
+    from videosft.kernels import vision_attention
 
     model = new_model(config, device, dtype, opts.weights)
     autotune.apply(device)  # as the train stage does: fla's choices for this GPU model, before any kernel runs
-    rotary = vision_rotary.select(vision_attention_modules(model), device)["implementation"]
+    rotary, batched = vision_attention.bind(model, device)
     kernels = {"gated_deltanet": select_gated_delta_rule(model, device, longest)["implementation"],
                "fused": select_fused_kernels(model, device, longest)["implementation"],
-               "vision_rotary": rotary,
-               "vision_batched": batch_vision_attention(model, fused_rotary=rotary == "triton"),
+               "vision_rotary": rotary["implementation"], "vision_batched": batched,
                "packed_attention": packed_attention.bind(model)}  # as train binds it with pack_tokens
     if opts.checkpointing:
         try:

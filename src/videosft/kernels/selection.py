@@ -9,10 +9,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from . import attention_backends, autotune, packed_attention, vision_rotary
+from . import attention_backends, autotune, packed_attention, vision_attention
 from .fused import select_fused_kernels
 from .gated_deltanet import select_gated_delta_rule, slow_path_warning
-from .vision_attention import batch_vision_attention, vision_attention_modules
 
 
 def before_build(meta_model, device, longest_tokens: int, autotune_table: tuple[Path, str, str] | None) -> dict:
@@ -32,11 +31,11 @@ def bind(model, chosen: dict, device, longest_tokens: int, fused: str, packed: b
     ``fused`` = ``torch`` keeps transformers' function), the language model's causal attention per sample
     (a pack's or the one sample's, bucketed onto cuDNN's kernel on Hopper), and the SDPA backends for
     padded or unpadded micro-batches."""
-    rotary = vision_rotary.select(vision_attention_modules(model), device, fused)
+    rotary, batched = vision_attention.bind(model, device, fused)
     bound = {**chosen,
              "fused": select_fused_kernels(model, device, longest_tokens, fused),
              "vision_rotary": rotary,
-             "vision_attention_batched": batch_vision_attention(model, rotary["implementation"] == "triton"),
+             "vision_attention_batched": batched,
              "packed_attention": packed_attention.bind(model) if packed or not padded else None,
              "attention": attention_backends.for_batches(device, padded=padded)}
     bound["warnings"] = slow_paths(bound, device)

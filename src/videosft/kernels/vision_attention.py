@@ -11,8 +11,8 @@ one SDPA call over a batch of pairs computes the same attention (same kernel, sa
 pair attending to itself only). :func:`batch_vision_attention` makes each vision attention module
 do that when every chunk has the same length and SDPA is the attention implementation, and keep
 transformers' own forward otherwise (images of several sizes, Qwen2.5-VL's uneven windows, flash
-attention). With ``fused_rotary`` the batched forward takes the rotary embedding in one kernel
-(:mod:`videosft.kernels.vision_rotary`, after :func:`videosft.kernels.vision_rotary.select` has checked it).
+attention). :func:`bind` also gives the batched forward the rotary embedding in one kernel
+(:mod:`videosft.kernels.vision_rotary`) once :func:`videosft.kernels.vision_rotary.select` has checked it.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import functools
 import sys
 import types
 
-from .vision_rotary import rotary
+from .vision_rotary import rotary, select as select_rotary
 
 # the cu_seqlens tensor last seen and its chunk length: all layers of one forward share the tensor,
 # so its lengths cross to the host once per forward rather than once per layer
@@ -71,14 +71,23 @@ def vision_attention_modules(model) -> list[tuple]:
     return found
 
 
-def batch_vision_attention(model, fused_rotary: bool = False) -> int:
-    """Give every vision attention module of ``model`` the batched forward, with the fused rotary embedding
-    where ``fused_rotary`` (checked first: :func:`videosft.kernels.vision_rotary.select`) or transformers'
+def batch_vision_attention(model, fused_rotary: bool = False, modules: list[tuple] | None = None) -> int:
+    """Give every vision attention module of ``model`` (``modules``: :func:`vision_attention_modules`'s, where
+    already found) the batched forward, with the fused rotary embedding where ``fused_rotary`` or transformers'
     function; returns how many modules."""
-    modules = vision_attention_modules(model)
+    modules = vision_attention_modules(model) if modules is None else modules
     for module, reference in modules:
         if not hasattr(module, "_unbatched_forward"):
             module._unbatched_forward = module.forward
             module.forward = types.MethodType(_batched_forward, module)
         module._rotary = functools.partial(rotary, reference=reference) if fused_rotary else reference
     return len(modules)
+
+
+def bind(model, device, requested: str = "auto") -> tuple[dict, int]:
+    """The batched forward on every vision attention module, its rotary embedding in one kernel once
+    :func:`videosft.kernels.vision_rotary.select` has found it equal to transformers' (``requested``: the fused
+    kernels' choice); returns that selection's record and how many modules were batched."""
+    modules = vision_attention_modules(model)
+    chosen = select_rotary(modules, device, requested)
+    return chosen, batch_vision_attention(model, chosen["implementation"] == "triton", modules)
