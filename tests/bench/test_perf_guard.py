@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import sys
 from pathlib import Path
 
@@ -149,8 +150,9 @@ def test_repeated_runs_are_judged_by_their_median_speed_and_largest_memory():
     assert "tokens_per_second_runs" not in {row["figure"] for row in rows}
 
 
-def test_repeats_alternate_the_trees_and_keep_each_run_apart(tmp_path, monkeypatch):
-    """The order a drifting machine needs: baseline, this, baseline, this; each run in its own folder."""
+def test_repeats_alternate_the_tree_run_first_and_keep_each_run_apart(tmp_path, monkeypatch):
+    """The order a drifting machine needs: baseline, this, then this, baseline (what the second run of a pair
+    finds falls on both trees); each run in its own folder."""
     calls = []
 
     def run_case(case, tree, out, work):
@@ -163,9 +165,51 @@ def test_repeats_alternate_the_trees_and_keep_each_run_apart(tmp_path, monkeypat
     monkeypatch.setattr(perf_guard, "ROOT", tmp_path / "this_tree")
     old, new = perf_guard.run_pairs(["fixed128"], tmp_path / "base_tree", tmp_path / "out", tmp_path / "work", repeats=2)
     assert calls == [("base_tree", "out/baseline/repeat0"), ("this_tree", "out/this/repeat0"),
-                     ("base_tree", "out/baseline/repeat1"), ("this_tree", "out/this/repeat1")]
-    assert old["fixed128"]["tokens_per_second_runs"] == [101.0, 103.0] and old["fixed128"]["tokens_per_second"] == 102.0
-    assert new["fixed128"]["tokens_per_second_runs"] == [102.0, 104.0]
+                     ("this_tree", "out/this/repeat1"), ("base_tree", "out/baseline/repeat1")]
+    assert old["fixed128"]["tokens_per_second_runs"] == [101.0, 104.0] and old["fixed128"]["tokens_per_second"] == 102.5
+    assert new["fixed128"]["tokens_per_second_runs"] == [102.0, 103.0]
+
+
+def test_over_repeats_the_change_is_the_median_of_each_pair_s_ratio():
+    """A machine drifting between repeats (100, 110, 120 tokens/s for the baseline) hides a 5% drop in two
+    pairs of three from the medians (110 -> 114); the pairs show it."""
+    def case(runs):
+        return {"fixed128": {"tokens_per_second": sorted(runs)[1], "peak_reserved_gib": 10.0,
+                             "tokens_per_second_runs": runs}}
+
+    before, after = case([100.0, 110.0, 120.0]), case([95.0, 132.0, 114.0])
+    (speed,) = [row for row in perf_guard.compare(before, after) if row["figure"] == "tokens_per_second"]
+    assert (round(speed["change"], 4), speed["fails"]) == (-0.05, True)
+    assert round(speed["spread"], 4) == round(132 / 95 - 1, 4)  # the wider of the two trees' spreads
+    # one run each (or a ledger entry without every run): the figures' ratio, no spread
+    (single,) = [row for row in perf_guard.compare({"fixed128": {"tokens_per_second": 100.0}},
+                                                   {"fixed128": {"tokens_per_second": 96.0}})]
+    assert (round(single["change"], 4), single["spread"], single["fails"]) == (-0.04, None, True)
+
+
+def test_a_failing_case_whose_runs_lie_further_apart_than_the_bar_asks_for_more_repeats():
+    def rows(old_runs, new_runs):
+        return perf_guard.compare(
+            {"plan12": {"tokens_per_second": statistics.median(old_runs), "tokens_per_second_runs": old_runs}},
+            {"plan12": {"tokens_per_second": statistics.median(new_runs), "tokens_per_second_runs": new_runs}})
+
+    # plan12 on one H200 (bench/RESULTS.md): the pairs 0.894 and 0.969, the new tree's runs 27% apart
+    noisy = rows([10274.5, 12059.0], [9185.4, 11691.4])
+    ok, why = perf_guard.verdict(noisy, None)
+    assert not ok and "plan12 tokens_per_second -6.8%" in why and "plan12's runs lie 27.3% apart" in why
+    assert "FAILS; runs 27.3% apart" in perf_guard.table(noisy)
+    ok, why = perf_guard.verdict(rows([10000.0, 10100.0], [9500.0, 9600.0]), None)  # 1% apart: a drop
+    assert not ok and "apart" not in why and "--repeats" not in why
+    assert perf_guard.verdict(rows([10000.0, 10100.0], [9900.0, 10050.0]), None)[0]
+
+
+def test_each_run_keeps_its_step_seconds_beside_the_medians():
+    runs = [{"tokens_per_second": tps, "step_seconds": 1.0, "peak_allocated_gib": 1.0, "peak_reserved_gib": 1.0,
+             "step0_loss": 2.0, "step_seconds_each": each}
+            for tps, each in [(100.0, [3.0, 1.0, 1.1]), (90.0, [3.1, 1.3, 1.0])]]
+    figures = perf_guard.repeated(runs)
+    assert figures["step_seconds_runs"] == [[3.0, 1.0, 1.1], [3.1, 1.3, 1.0]] and "step_seconds_each" not in figures
+    assert "step_seconds_runs" not in {row["figure"] for row in perf_guard.compare({"c": figures}, {"c": figures})}
 
 
 def test_both_trees_pack_with_the_train_stage_s_allocator_unless_the_user_set_one(tmp_path, monkeypatch):
@@ -188,3 +232,13 @@ def test_both_trees_time_the_second_pass_only_when_both_can(tmp_path):
     assert perf_guard.packing_passes([trees["new"], trees["new"]]) == 2
     assert perf_guard.packing_passes([trees["new"], trees["old"]]) == 1
     assert perf_guard.packing_passes([perf_guard.ROOT]) == 2  # this tree's own bench/packing.py
+
+
+def test_a_train_stage_case_reads_every_step_s_seconds_from_the_stage_s_step_log(tmp_path):
+    """Where bench/train_throughput.py (this tree's and the baseline's alike) has the stage write its steps."""
+    for folder, frames, cap in (("ours-128-0", 128, None), ("ours-72-12", 72, 12.0)):
+        log = tmp_path / folder / "steps.rank0.jsonl"
+        log.parent.mkdir()
+        log.write_text("".join(json.dumps({"step": i, "step_seconds": s}) + "\n"
+                               for i, s in enumerate([2.84512, 1.0313])))
+        assert perf_guard.logged_step_seconds(tmp_path, frames, cap) == [2.8451, 1.0313]
