@@ -187,14 +187,19 @@ def train_stage_case(tree: Path, out: Path, work: Path, frames: list[int], cap_g
     if "per_rank" not in facts:
         raise RuntimeError(f"{out}: the train stage did not run: {facts}")
     return {**step_figures(facts["per_rank"], facts["tokens_per_second"], facts["step0"]["loss"]),
-            "frames": int(frame_count), "step_seconds_each": logged_step_seconds(work, int(frame_count), cap_gib)}
+            "frames": int(frame_count), **logged_steps(work, int(frame_count), cap_gib)}
 
 
-def logged_step_seconds(work: Path, frames: int, cap_gib: float | None) -> list[float]:
-    """Every step's seconds on rank 0, to tell a run's slow steps from a slow run: the train stage's step log,
-    where every tree's bench/train_throughput.py has the stage write it."""
-    steps = work / f"ours-{frames}-{cap_gib or 0:g}" / "steps.rank0.jsonl"
-    return [round(json.loads(line)["step_seconds"], 4) for line in steps.read_text().splitlines()]
+def logged_steps(work: Path, frames: int, cap_gib: float | None) -> dict:
+    """Every step's seconds on rank 0, to tell a run's slow steps from a slow run, and the allocator's
+    retries in each where the tree logs them (a step at the memory limit): the train stage's step log, where
+    every tree's bench/train_throughput.py has the stage write it."""
+    log = work / f"ours-{frames}-{cap_gib or 0:g}" / "steps.rank0.jsonl"
+    steps = [json.loads(line) for line in log.read_text().splitlines()]
+    each = {"step_seconds_each": [round(step["step_seconds"], 4) for step in steps]}
+    if all("allocator_retries" in step for step in steps):
+        each["allocator_retries_each"] = [step["allocator_retries"] for step in steps]
+    return each
 
 
 def times_passes(tree: Path) -> bool:
@@ -320,17 +325,17 @@ def run_case(case: str, tree: Path, out: Path, work: Path, passes: int = 1) -> d
 
 def repeated(runs: list[dict]) -> dict:
     """One case's figures over repeated runs: the median speed and step time, the largest memory peaks, the
-    first run's loss (the same in every run), every run's tokens/s, and each run's step seconds where the
-    case keeps them."""
-    figures = {key: value for key, value in runs[0].items() if key != "step_seconds_each"}
+    first run's loss (the same in every run), every run's tokens/s, and each run's per-step figures where
+    the case keeps them (``step_seconds_each`` -> ``step_seconds_runs``)."""
+    figures = {key: value for key, value in runs[0].items() if not key.endswith("_each")}
     figures["tokens_per_second"] = statistics.median(run["tokens_per_second"] for run in runs)
     figures["step_seconds"] = statistics.median(run["step_seconds"] for run in runs)
     for peak in ("peak_allocated_gib", "peak_reserved_gib"):
         figures[peak] = max(run[peak] for run in runs)
     if len(runs) > 1:
         figures["tokens_per_second_runs"] = [run["tokens_per_second"] for run in runs]
-    if "step_seconds_each" in runs[0]:
-        figures["step_seconds_runs"] = [run["step_seconds_each"] for run in runs]
+    for key in [key for key in runs[0] if key.endswith("_each")]:  # e.g. step_seconds_each -> step_seconds_runs
+        figures[key.removesuffix("_each") + "_runs"] = [run.get(key) for run in runs]
     return figures
 
 

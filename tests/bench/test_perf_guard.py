@@ -209,6 +209,8 @@ def test_each_run_keeps_its_step_seconds_beside_the_medians():
             for tps, each in [(100.0, [3.0, 1.0, 1.1]), (90.0, [3.1, 1.3, 1.0])]]
     figures = perf_guard.repeated(runs)
     assert figures["step_seconds_runs"] == [[3.0, 1.0, 1.1], [3.1, 1.3, 1.0]] and "step_seconds_each" not in figures
+    runs[0]["allocator_retries_each"], runs[1]["allocator_retries_each"] = [0, 2, 0], [0, 0, 0]
+    assert perf_guard.repeated(runs)["allocator_retries_runs"] == [[0, 2, 0], [0, 0, 0]]
     assert "step_seconds_runs" not in {row["figure"] for row in perf_guard.compare({"c": figures}, {"c": figures})}
 
 
@@ -235,10 +237,15 @@ def test_both_trees_time_the_second_pass_only_when_both_can(tmp_path):
 
 
 def test_a_train_stage_case_reads_every_step_s_seconds_from_the_stage_s_step_log(tmp_path):
-    """Where bench/train_throughput.py (this tree's and the baseline's alike) has the stage write its steps."""
-    for folder, frames, cap in (("ours-128-0", 128, None), ("ours-72-12", 72, 12.0)):
+    """Where bench/train_throughput.py (this tree's and the baseline's alike) has the stage write its steps;
+    the allocator's retries where the tree logs them in every step."""
+    for folder, frames, cap, retries in (("ours-128-0", 128, None, None), ("ours-72-12", 72, 12.0, [0, 3])):
         log = tmp_path / folder / "steps.rank0.jsonl"
         log.parent.mkdir()
-        log.write_text("".join(json.dumps({"step": i, "step_seconds": s}) + "\n"
-                               for i, s in enumerate([2.84512, 1.0313])))
-        assert perf_guard.logged_step_seconds(tmp_path, frames, cap) == [2.8451, 1.0313]
+        steps = [{"step": i, "step_seconds": s} for i, s in enumerate([2.84512, 1.0313])]
+        for step, count in zip(steps, retries or []):
+            step["allocator_retries"] = count
+        log.write_text("".join(json.dumps(step) + "\n" for step in steps))
+        logged = perf_guard.logged_steps(tmp_path, frames, cap)
+        assert logged == {"step_seconds_each": [2.8451, 1.0313], **({"allocator_retries_each": retries} if retries
+                                                                      else {})}
