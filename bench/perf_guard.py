@@ -21,8 +21,8 @@ Run it on a GPU before landing a change to the train stage, the kernels, sample 
 * ``plan12``: the one-GPU 12 GiB plan: the train stage under ``train.memory_cap_gib: 12`` at the frame
   count the probe plans for that card (``bench/train_throughput.py --cap-gib 12``).
 
-Per case: tokens/s (median step after the first), step seconds, peak allocated and reserved GiB, and
-the step-0 loss. Machines of one kind differ by more than the bar (the same code ran at 9,904-10,602
+Per case: tokens/s (median step after the first), step seconds, peak allocated and reserved GiB, the
+step-0 loss, and MFU by this tree's bench/flops.py for both trees (shown, not judged). Machines of one kind differ by more than the bar (the same code ran at 9,904-10,602
 tokens/s at 128 frames on four H200s, bench/RESULTS.md), so the new figures are held to the baseline
 tree's, run by its own benchmark scripts in the same call on the same machine, never to figures of
 another call: a case fails when its tokens/s is more than ``SPEED_DROP`` (3%) under the baseline's or
@@ -54,6 +54,7 @@ BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
 sys.path.insert(0, str(ROOT / "src"))
 from videosft.training.setup import ALLOCATOR  # noqa: E402  (this tree's, for both trees: a baseline may predate it)
+from flops import H200_BF16_PEAK  # noqa: E402  (MFU's denominator, bench/flops.py)
 LEDGER = BENCH / "perf_ledger.jsonl"
 SPEED_DROP = 0.03  # tokens/s may fall this much (a fraction) before the guard fails
 MEMORY_RISE = 0.02  # peak reserved memory may grow this much
@@ -186,17 +187,43 @@ def train_stage_case(tree: Path, out: Path, work: Path, frames: list[int], cap_g
     facts = run["ours"]
     if "per_rank" not in facts:
         raise RuntimeError(f"{out}: the train stage did not run: {facts}")
+    logged = logged_steps(work, int(frame_count), cap_gib)
+    sample = logged.pop("sample")
     return {**step_figures(facts["per_rank"], facts["tokens_per_second"], facts["step0"]["loss"]),
-            "frames": int(frame_count), **logged_steps(work, int(frame_count), cap_gib)}
+            "mfu": mfu(facts["tokens_per_second"], *sample, spec_peak()), "frames": int(frame_count), **logged}
+
+
+def spec_peak() -> float | None:
+    """The GPU's dense bf16 peak from its spec sheet (MFU's denominator), for the GPU model bench/flops.py
+    knows (the H200); None for another, whose MFU is then not given."""
+    import torch
+
+    return H200_BF16_PEAK if "H200" in torch.cuda.get_device_name(0) else None
+
+
+def mfu(tokens_per_second: float, tokens: int, patches: int, peak: float | None) -> float | None:
+    """Model FLOPs utilization of one GPU at a sample of ``tokens`` (``patches`` vision patches), by this
+    tree's bench/flops.py for both trees: the model's FLOPs per token (the frozen base's forward and input
+    gradients, not the recomputed forward) x tokens/s over ``peak``."""
+    import flops
+    from transformers import AutoConfig
+
+    if peak is None:
+        return None
+    config = AutoConfig.from_pretrained(MODEL)
+    shape = flops.shape_of(config, tokens, patches // config.vision_config.spatial_merge_size ** 2)
+    return flops.utilization(tokens_per_second, shape, peak)["mfu"]
 
 
 def logged_steps(work: Path, frames: int, cap_gib: float | None) -> dict:
     """Every step's seconds on rank 0, to tell a run's slow steps from a slow run, and the allocator's
-    retries in each where the tree logs them (a step at the memory limit): the train stage's step log, where
-    every tree's bench/train_throughput.py has the stage write it."""
+    retries in each where the tree logs them (a step at the memory limit); and the first sample's tokens and
+    vision patches (``sample``). From the train stage's step log, where every tree's
+    bench/train_throughput.py has the stage write it."""
     log = work / f"ours-{frames}-{cap_gib or 0:g}" / "steps.rank0.jsonl"
     steps = [json.loads(line) for line in log.read_text().splitlines()]
-    each = {"step_seconds_each": [round(step["step_seconds"], 4) for step in steps]}
+    (t, h, w), tokens = steps[0]["grid"][0], steps[0]["input_tokens"][0]  # every step's sample is this long
+    each = {"sample": (tokens, t * h * w), "step_seconds_each": [round(step["step_seconds"], 4) for step in steps]}
     if all("allocator_retries" in step for step in steps):
         each["allocator_retries_each"] = [step["allocator_retries"] for step in steps]
     return each
@@ -230,7 +257,9 @@ def packed_case(tree: Path, out: Path, passes: int = 1) -> dict:
     result = [json.loads(line) for line in shown.splitlines() if line.startswith("{")][-1]
     return {"tokens_per_second": result["tokens_per_second"], "step_seconds": result["median_step_seconds"],
             "peak_allocated_gib": result["peak_allocated_gib"], "peak_reserved_gib": result["peak_reserved_gib"],
-            "step0_loss": result["first_loss"], "passes": passes}  # the pass timed: the ledger says which
+            "step0_loss": result["first_loss"], "passes": passes,  # the pass timed: the ledger says which
+            # each pack's windows counted as samples of their own, as bench/flops.py counts one sample
+            "mfu": None if spec_peak() is None else result["model_flops_per_second"] / spec_peak()}
 
 
 def machine() -> dict:
@@ -408,6 +437,9 @@ def main(argv: list[str] | None = None) -> int:
           + (f"{accepted['commit']} (accepted {accepted['date']}), run in this call" if accepted
              else "none on this GPU model (this run sets the first bar)") + "\n")
     print(table(rows))
+    print("\nmfu: the model's FLOPs per token (bench/flops.py: the frozen base's forward and input gradients, "
+          "not the recomputed forward) x tokens/s over the GPU's spec dense bf16 peak (H200: 989 TFLOP/s); "
+          "shown, not judged")
     print(f"\n{'ok' if ok else 'FAILED'}: {why}")
     entry = {"date": dt.date.today().isoformat(), "commit": args.commit or commit(), "kind": args.kind, **facts, "cases": new,
              "baseline": {"commit": accepted["commit"], "cases": old} if accepted else None, "reason": args.reason}

@@ -238,14 +238,22 @@ def test_both_trees_time_the_second_pass_only_when_both_can(tmp_path):
 
 def test_a_train_stage_case_reads_every_step_s_seconds_from_the_stage_s_step_log(tmp_path):
     """Where bench/train_throughput.py (this tree's and the baseline's alike) has the stage write its steps;
-    the allocator's retries where the tree logs them in every step."""
+    the allocator's retries where the tree logs them in every step; the first sample's tokens and patches."""
     for folder, frames, cap, retries in (("ours-128-0", 128, None, None), ("ours-72-12", 72, 12.0, [0, 3])):
         log = tmp_path / folder / "steps.rank0.jsonl"
         log.parent.mkdir()
-        steps = [{"step": i, "step_seconds": s} for i, s in enumerate([2.84512, 1.0313])]
+        steps = [{"step": i, "step_seconds": s, "grid": [[frames // 2, 28, 28]], "input_tokens": [13384]}
+                 for i, s in enumerate([2.84512, 1.0313])]
         for step, count in zip(steps, retries or []):
             step["allocator_retries"] = count
         log.write_text("".join(json.dumps(step) + "\n" for step in steps))
         logged = perf_guard.logged_steps(tmp_path, frames, cap)
-        assert logged == {"step_seconds_each": [2.8451, 1.0313], **({"allocator_retries_each": retries} if retries
-                                                                      else {})}
+        assert logged == {"sample": (13384, frames // 2 * 28 * 28), "step_seconds_each": [2.8451, 1.0313],
+                          **({"allocator_retries_each": retries} if retries else {})}
+
+
+def test_the_train_stage_cases_mfu_is_bench_flops_for_both_trees():
+    """Qwen3.5-4B at 128 frames (13,384 tokens, 50,176 patches) at 12,977 tokens/s: bench/train_throughput.py's
+    28.9% (bench/RESULTS.md); none on a GPU model whose peak bench/flops.py does not know."""
+    assert round(perf_guard.mfu(12977.0, 13384, 50176, 989e12), 3) == 0.289
+    assert perf_guard.mfu(12977.0, 13384, 50176, None) is None
