@@ -255,11 +255,13 @@ def packed_case(tree: Path, out: Path, passes: int = 1) -> dict:
         raise RuntimeError(f"bench/packing.py failed; its output: {out / 'packing.log'}\n{done.stderr[-2000:]}")
     shown = done.stdout
     result = [json.loads(line) for line in shown.splitlines() if line.startswith("{")][-1]
+    # a pack's FLOPs: each of its windows counted as a sample of its own (bench/packing.py; an older one may
+    # not count them)
+    peak, model_flops = spec_peak(), result.get("model_flops_per_second")
     return {"tokens_per_second": result["tokens_per_second"], "step_seconds": result["median_step_seconds"],
             "peak_allocated_gib": result["peak_allocated_gib"], "peak_reserved_gib": result["peak_reserved_gib"],
             "step0_loss": result["first_loss"], "passes": passes,  # the pass timed: the ledger says which
-            # each pack's windows counted as samples of their own, as bench/flops.py counts one sample
-            "mfu": None if spec_peak() is None else result["model_flops_per_second"] / spec_peak()}
+            "mfu": model_flops / peak if peak and model_flops else None}
 
 
 def machine() -> dict:
