@@ -22,8 +22,9 @@ Run it on a GPU before landing a change to the train stage, the kernels, sample 
   count the probe plans for that card (``bench/train_throughput.py --cap-gib 12``).
 
 Per case: tokens/s (median step after the first), step seconds, peak allocated and reserved GiB, the
-step-0 loss, and MFU by this tree's bench/flops.py for both trees (shown, not judged). Machines of one kind differ by more than the bar (the same code ran at 9,904-10,602
-tokens/s at 128 frames on four H200s, bench/RESULTS.md), so the new figures are held to the baseline
+step-0 loss, and MFU by this tree's bench/flops.py for both trees (shown, not judged). Machines of one
+kind differ by more than the bar (the same code ran at 9,904-10,602 tokens/s at 128 frames on four
+H200s, bench/RESULTS.md), so the new figures are held to the baseline
 tree's, run by its own benchmark scripts in the same call on the same machine, never to figures of
 another call: a case fails when its tokens/s is more than ``SPEED_DROP`` (3%) under the baseline's or
 its peak reserved memory more than ``MEMORY_RISE`` (2%) over it, unless ``--reason`` says what the
@@ -355,12 +356,14 @@ def run_case(case: str, tree: Path, out: Path, work: Path, passes: int = 1) -> d
 
 
 def repeated(runs: list[dict]) -> dict:
-    """One case's figures over repeated runs: the median speed and step time, the largest memory peaks, the
-    first run's loss (the same in every run), every run's tokens/s, and each run's per-step figures where
+    """One case's figures over repeated runs: the median speed, step time and MFU, the largest memory peaks,
+    the first run's loss (the same in every run), every run's tokens/s, and each run's per-step figures where
     the case keeps them (``step_seconds_each`` -> ``step_seconds_runs``)."""
     figures = {key: value for key, value in runs[0].items() if not key.endswith("_each")}
-    figures["tokens_per_second"] = statistics.median(run["tokens_per_second"] for run in runs)
-    figures["step_seconds"] = statistics.median(run["step_seconds"] for run in runs)
+    for middle in ("tokens_per_second", "step_seconds", "mfu"):
+        values = [run[middle] for run in runs if run.get(middle) is not None]
+        if values:
+            figures[middle] = statistics.median(values)
     for peak in ("peak_allocated_gib", "peak_reserved_gib"):
         figures[peak] = max(run[peak] for run in runs)
     if len(runs) > 1:

@@ -210,6 +210,8 @@ def test_each_run_keeps_its_step_seconds_beside_the_medians():
     figures = perf_guard.repeated(runs)
     assert figures["step_seconds_runs"] == [[3.0, 1.0, 1.1], [3.1, 1.3, 1.0]] and "step_seconds_each" not in figures
     runs[0]["allocator_retries_each"], runs[1]["allocator_retries_each"] = [0, 2, 0], [0, 0, 0]
+    runs[0]["mfu"], runs[1]["mfu"] = 0.30, 0.27  # with the speeds' median, not the first run's
+    assert round(perf_guard.repeated(runs)["mfu"], 6) == 0.285
     assert perf_guard.repeated(runs)["allocator_retries_runs"] == [[0, 2, 0], [0, 0, 0]]
     assert "step_seconds_runs" not in {row["figure"] for row in perf_guard.compare({"c": figures}, {"c": figures})}
 
