@@ -15,8 +15,9 @@ from a config (``--model-config``; ``tiny`` builds a small Qwen3.5 here; with ``
 that config's checkpoint, below), LoRA on the language model,
 the train stage's kernel selection (fla's checked kernels on a GPU where they import), gradient
 checkpointing (``--uncheckpointed-layers K``: the last K decoder layers not checkpointed; ``--selective``: the
-checkpointed layers keep their matrix products' and attention's outputs and recompute only the rest,
-issue 30's levers measured here before the train stage takes one), AdamW, and its allocator setting (``expandable_segments``, unless
+checkpointed layers keep their matrix products' and attention's outputs and recompute only the rest;
+``--checkpoint-part mlp|mixer``: only that half of a checkpointed layer recomputes; issue 30's levers
+measured here before the train stage takes one), AdamW, and its allocator setting (``expandable_segments``, unless
 ``PYTORCH_CUDA_ALLOC_CONF`` is set; the process's default cache held blocks of every window length,
 39.7 GiB reserved on the packed set for 14 GiB allocated; 31.4 with it: reserved memory is not what a
 smaller card needs, since the allocator frees its cache before it fails). ``--memory-cap-gib N`` answers that
@@ -351,10 +352,13 @@ def build(config, device, dtype, longest: int, opts):
             enable_checkpointing(model, offload=False, pin_memory=False, uncheckpointed_layers=opts.uncheckpointed_layers)
         except ConfigError as error:  # the train stage's words name its config key; here it is the option
             raise SystemExit(f"--uncheckpointed-layers: {error}") from None
+        checkpointed = sum(getattr(m, "gradient_checkpointing", False) for m in decoder_layers(model))
         if opts.selective:
             checkpoint_selectively(model)
-        kernels["checkpointing"] = {"checkpointed_layers": sum(getattr(m, "gradient_checkpointing", False) for m in
-                                                               decoder_layers(model)), "selective": opts.selective}
+        if opts.checkpoint_part != "layer":
+            checkpoint_part_only(model, opts.checkpoint_part)
+        kernels["checkpointing"] = {"checkpointed_layers": checkpointed, "selective": opts.selective,
+                                    "part": opts.checkpoint_part}
     lora = config_lib.section("lora", {"dropout": 0.0})
     model, _ = add_lora(model, lora, 0)
     model.train()
@@ -389,6 +393,26 @@ def checkpoint_selectively(model) -> None:
         checkpoint, use_reentrant=False, context_fn=functools.partial(create_selective_checkpoint_contexts, policy))
     for layer in decoder_layers(model):
         layer._gradient_checkpointing_func = selective_checkpoint
+
+
+def checkpoint_part_only(model, part: str) -> None:
+    """In each checkpointed decoder layer only ``part`` recomputes in the backward ("mlp": the feed-forward
+    block; "mixer": the attention or Gated-DeltaNet block), the rest of the layer keeping its activations:
+    what memory the other half's activations take, against the recomputation of its matrix products saved
+    (issue 30's lever; whole layers kept cost 1.17 GiB each at a 15k-token pack, bench/RESULTS.md)."""
+    import functools
+
+    from torch.utils.checkpoint import checkpoint
+
+    from videosft.training.setup import decoder_layers
+
+    for layer in decoder_layers(model):
+        if not getattr(layer, "gradient_checkpointing", False):
+            continue  # one of the last --uncheckpointed-layers: keeps everything
+        layer.gradient_checkpointing = False
+        block = layer.mlp if part == "mlp" else getattr(layer, "linear_attn", None) or layer.self_attn
+        # the block's current forward: a fused kernel the selection bound stays inside the checkpoint
+        block.forward = functools.partial(checkpoint, block.forward, use_reentrant=False)
 
 
 def build_savvy(config, device, dtype, opts):
@@ -750,6 +774,10 @@ def main(argv=None) -> int:
     parser.add_argument("--selective", action="store_true",
                         help="our modes: checkpointed layers keep their matrix products' and attention's outputs "
                         "and recompute the rest (torch's selective activation checkpointing)")
+    parser.add_argument("--checkpoint-part", choices=("layer", "mlp", "mixer"), default="layer",
+                        help="our modes: what of a checkpointed decoder layer recomputes in the backward: all of it "
+                        "(default, as the train stage), only its feed-forward block, or only its attention / "
+                        "Gated-DeltaNet block; the rest keeps its activations")
     parser.add_argument("--profile", type=Path, help="profile one micro-batch per mode; tables and timelines here")
     parser.add_argument("--save-autotune", type=Path, metavar="PATH",
                         help="write this process's fla autotune choices there (videosft.kernels.autotune's table format)")
@@ -760,9 +788,11 @@ def main(argv=None) -> int:
         opts.samples, opts.frame_size, opts.window_seconds, opts.pack_tokens = 16, [64, 64], 16.0, 512
     if opts.passes < 1:
         parser.error(f"--passes {opts.passes}: at least 1 (the pass that is timed)")
-    if not opts.checkpointing and (opts.uncheckpointed_layers or opts.selective):
-        parser.error("--uncheckpointed-layers and --selective choose what gradient checkpointing recomputes: drop "
-                     "--no-checkpointing, or them")
+    if not opts.checkpointing and (opts.uncheckpointed_layers or opts.selective or opts.checkpoint_part != "layer"):
+        parser.error("--uncheckpointed-layers, --selective and --checkpoint-part choose what gradient checkpointing "
+                     "recomputes: drop --no-checkpointing, or them")
+    if opts.selective and opts.checkpoint_part != "layer":
+        parser.error("--selective and --checkpoint-part are two ways to recompute part of a layer: choose one")
     if opts.warmup is not None and opts.passes > 1:
         parser.error(f"--warmup counts untimed micro-batches of a single pass: give it with --passes 1 (with "
                      f"--passes {opts.passes} the passes before the last are the warm-up)")

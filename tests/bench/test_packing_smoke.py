@@ -72,8 +72,9 @@ class MatrixProducts(TorchDispatchMode):
 
 
 def test_less_recomputation_gives_the_same_gradients_with_fewer_matrix_products():
-    """--uncheckpointed-layers and --selective change what the backward recomputes, not what it computes: one pack's
-    LoRA gradients equal whole-layer checkpointing's, while the backward runs fewer matrix products."""
+    """--uncheckpointed-layers, --selective and --checkpoint-part change what the backward recomputes, not what it
+    computes: one pack's LoRA gradients equal whole-layer checkpointing's, while the backward runs fewer matrix
+    products."""
     from transformers.models.qwen3_vl.video_processing_qwen3_vl import Qwen3VLVideoProcessor
 
     from videosft.training.batches import host_positions, prepare
@@ -89,16 +90,19 @@ def test_less_recomputation_gives_the_same_gradients_with_fewer_matrix_products(
     (pack, *_) = packed_epoch_plan([row["input_tokens"] for row in rows], 1, 512, "pad", 0, 0).packs[0]
     layers = config.text_config.num_hidden_layers
     gradients, products = {}, {}
-    for keep, selective in ((0, False), (1, False), (0, True), (layers, False)):
-        opts.uncheckpointed_layers, opts.selective = keep, selective
+    for keep, selective, part in ((0, False, "layer"), (1, False, "layer"), (0, True, "layer"),
+                                  (layers, False, "layer"), (0, False, "mlp"), (0, False, "mixer")):
+        opts.uncheckpointed_layers, opts.selective, opts.checkpoint_part = keep, selective, part
         model, _, kernels = packing.build(config, torch.device("cpu"), torch.float32, 512, opts)
-        assert kernels["checkpointing"] == {"checkpointed_layers": layers - keep, "selective": selective}
+        assert kernels["checkpointing"] == {"checkpointed_layers": layers - keep, "selective": selective,
+                                            "part": part}
         batch = prepare([rows[i] for i in pack], 0, video_processor, host_positions(model), pin=False, pack=True)
         loss = supervised_loss(model, batch)
         with MatrixProducts() as counted:
             loss.backward()
-        products[keep, selective] = counted.count
-        gradients[keep, selective] = {n: p.grad for n, p in model.named_parameters() if p.requires_grad}
+        key = (keep, selective) if part == "layer" else part
+        products[key] = counted.count
+        gradients[key] = {n: p.grad for n, p in model.named_parameters() if p.requires_grad}
     whole = gradients[0, False]
     for found in gradients.values():
         assert found.keys() == whole.keys()
@@ -106,3 +110,9 @@ def test_less_recomputation_gives_the_same_gradients_with_fewer_matrix_products(
     # no checkpointed layer: no recomputation; one layer less, or only the elementwise work, in between
     assert products[layers, False] < products[1, False] < products[0, False]
     assert products[0, True] < products[0, False]
+    # a layer's products are its mixer's or its feed-forward block's, and torch's checkpoint stops recomputing
+    # after the last tensor the backward needs: a block's last projection (output unsaved) runs again only where
+    # the next block inside the same checkpoint needs its output, i.e. the mixer's in a whole layer
+    none = products[layers, False]
+    assert none < products["mlp"] < products[0, False] and none < products["mixer"] < products[0, False]
+    assert (products["mlp"] - none) + (products["mixer"] - none) + layers == products[0, False] - none
