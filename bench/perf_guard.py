@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import functools
 import json
 import os
 import statistics
@@ -110,10 +111,10 @@ def compare(baseline: dict | None, new: dict) -> list[dict]:
             if not isinstance(value, (int, float)):  # e.g. each repeat's tokens/s, kept in the ledger
                 continue
             previous = before.get(figure)
-            change = None if previous in (None, 0) or value is None else value / previous - 1
+            change = None if previous in (None, 0) or value is None else \
+                speed_change(before, figures) if figure == "tokens_per_second" else value / previous - 1
             row = {"case": case, "figure": figure, "old": previous, "new": value, "change": change}
             if figure == "tokens_per_second":
-                change = row["change"] = None if change is None else speed_change(before, figures)
                 spreads = [s for s in (spread(before.get("tokens_per_second_runs")),
                                        spread(figures.get("tokens_per_second_runs"))) if s is not None]
                 row["spread"] = max(spreads, default=None)
@@ -206,14 +207,23 @@ def mfu(tokens_per_second: float, tokens: int, patches: int, peak: float | None)
     """Model FLOPs utilization of one GPU at a sample of ``tokens`` (``patches`` vision patches), by this
     tree's bench/flops.py for both trees: the model's FLOPs per token (the frozen base's forward and input
     gradients, not the recomputed forward) x tokens/s over ``peak``."""
+    import dataclasses
+
     import flops
-    from transformers import AutoConfig
 
     if peak is None:
         return None
-    config = AutoConfig.from_pretrained(MODEL)
-    shape = flops.shape_of(config, tokens, patches // config.vision_config.spatial_merge_size ** 2)
+    shape = dataclasses.replace(model_shape(), tokens=tokens, patches=patches)  # as bench/packing.py counts
     return flops.utilization(tokens_per_second, shape, peak)["mfu"]
+
+
+@functools.cache
+def model_shape():
+    """The guard's model's parameter counts (bench/flops.py), built on the meta device once per process."""
+    import flops
+    from transformers import AutoConfig
+
+    return flops.shape_of(AutoConfig.from_pretrained(MODEL), 1, 0)
 
 
 def logged_steps(work: Path, frames: int, cap_gib: float | None) -> dict:
