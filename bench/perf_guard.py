@@ -32,7 +32,8 @@ change bought; then ``--record`` writes the reason into the ledger beside the fi
 also drifts between runs minutes apart (4488029 ran at 12,829 and then 11,906 tokens/s at 128 frames
 on one H200): ``--repeats N`` runs each case's pair N times, the tree run first alternating, and compares
 the median of the pairs' tokens/s ratios (and the largest memory peaks), keeping every run's figure in the
-ledger; a failing case whose runs lie further apart than the bar says so. The baseline
+ledger; a failing case whose runs lie further apart than the bar says so. ``--time-limit`` keeps a call's
+limit from stopping the guard mid-pair, and ``--more`` adds a later call's pairs to an earlier one's. The baseline
 is the last accepted commit on this GPU model (``--last-accepted`` names it); the ledger,
 ``bench/perf_ledger.jsonl``, holds one line per accepted run: date, commit, machine kind, GPU and
 driver, package versions, the cases' figures and the baseline's from the same call, and the reason
@@ -50,6 +51,7 @@ import os
 import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
@@ -339,8 +341,9 @@ def merged_entry(runs: list[tuple[Path, dict]]) -> dict:
     entry["reason"] = "; ".join(reasons) or None
     if not first["entry"]["baseline"]:
         entry["baseline"] = None
-    if len(runs) > 1:
-        entry["calls"] = len(runs)  # each case's pair in one call; the calls one after the other on one machine
+    calls = sum(run["entry"].get("calls", 1) for _, run in runs)
+    if calls > 1:
+        entry["calls"] = calls  # the calls one after the other, each pair in one call on one machine
     return entry
 
 
@@ -383,30 +386,74 @@ def repeated(runs: list[dict]) -> dict:
     return figures
 
 
-def run_pairs(cases: list[str], baseline: Path | None, out: Path, work: Path, repeats: int = 1) -> tuple[dict, dict]:
-    """Each case on the baseline tree and on this one (one checkpoint for both), ``repeats`` times in turn (a
-    machine drifts between runs minutes apart), the tree that runs first alternating (baseline first in the
-    first repeat), so that what the run after another finds (a warmer GPU, caches) falls on both trees;
-    the figures of each over its runs."""
-    old, new = {}, {}
+def run_pairs(cases: list[str], baseline: Path | None, out: Path, work: Path, repeats: int = 1,
+              runs: dict | None = None, until: float | None = None, saved=None) -> dict:
+    """Every run of each case on the baseline tree and on this one (one checkpoint for both): ``repeats``
+    pairs in turn (a machine drifts between runs minutes apart), the tree that runs first alternating
+    (baseline first in the first repeat), so that what the run after another finds (a warmer GPU, caches)
+    falls on both trees. ``runs``: an earlier call's pairs, which this call's continue (the alternation
+    too). ``until``: a ``time.monotonic()`` deadline: no pair starts that the longest pair so far says would
+    end past it. ``saved(runs)`` after each pair, so that a call stopped from outside keeps whole pairs."""
+    runs = {case: {name: list(each) for name, each in pairs.items()} for case, pairs in (runs or {}).items()}
+    longest = 0.0
     for case in cases:
-        runs = {"baseline": [], "this": []}
+        pairs = runs.setdefault(case, {"baseline": [], "this": []})
         extra = {"passes": packing_passes([ROOT] + ([baseline] if baseline else []))} if case == "packed" else {}
-        for repeat in range(repeats):
-            where = f"repeat{repeat}" if repeats > 1 else "."
+        done = len(pairs["this"])
+        for repeat in range(done, done + repeats):
+            if until is not None and time.monotonic() + longest > until:
+                print(f"time limit: {case} ran {repeat - done} of {repeats} pairs in this call (the longest pair took "
+                      f"{longest:.0f} s); --more OUT/perf_guard.json in the next call adds more", flush=True)
+                return runs
+            started = time.monotonic()
+            where = f"repeat{repeat}" if repeats > 1 or repeat else "."
             order = [("baseline", baseline), ("this", ROOT)] if baseline is not None else [("this", ROOT)]
             for name, tree in order[::-1] if repeat % 2 else order:
-                runs[name].append(run_case(case, tree, out / name / where, work / name, **extra))
+                pairs[name].append(run_case(case, tree, out / name / where, work / name, **extra))
                 shared = work / "this" / "model"  # the baseline's builder makes the checkpoint, both use it
                 if name == "baseline" and not shared.exists() and (work / "baseline" / "model").is_dir():
                     shared.parent.mkdir(parents=True, exist_ok=True)
                     shared.symlink_to((work / "baseline" / "model").resolve())
-            print(json.dumps({case: {"repeat": repeat, "baseline": runs["baseline"][-1] if runs["baseline"] else None,
-                                     "this": runs["this"][-1]}}), flush=True)  # a stopped run keeps these
-        if runs["baseline"]:
-            old[case] = repeated(runs["baseline"])
-        new[case] = repeated(runs["this"])
+            longest = max(longest, time.monotonic() - started)
+            print(json.dumps({case: {"repeat": repeat, "baseline": pairs["baseline"][-1] if pairs["baseline"] else None,
+                                     "this": pairs["this"][-1]}}), flush=True)
+            if saved:
+                saved(runs)
+    return runs
+
+
+def figures(runs: dict) -> tuple[dict, dict]:
+    """The baseline's and this tree's figures per case over their runs (``repeated``)."""
+    old = {case: repeated(pairs["baseline"]) for case, pairs in runs.items() if pairs["baseline"]}
+    new = {case: repeated(pairs["this"]) for case, pairs in runs.items() if pairs["this"]}
     return old, new
+
+
+def earlier_runs(path: Path, entry: dict) -> tuple[dict, int]:
+    """The pairs of an earlier call of this guard run (``--more``) and how many calls made them, if that call
+    measured this commit on this GPU model and drivers, packages and baseline; else ValueError naming the file."""
+    try:
+        earlier = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as error:
+        raise ValueError(f"{path}: not a guard run's perf_guard.json ({error})") from None
+    if "runs" not in earlier:
+        raise ValueError(f"{path}: holds no runs to continue (written by a guard from before --more); "
+                         "run the cases anew")
+    ours = shared_facts(entry)
+    for key, theirs in shared_facts(earlier["entry"]).items():
+        if ours[key] != theirs:
+            raise ValueError(f"{path}: its {key} ({theirs}) is not this call's ({ours[key]}); --more continues "
+                             "one commit measured against one baseline on one kind of machine")
+    return earlier["runs"], earlier["entry"].get("calls", 1)
+
+
+def guard_run(runs: dict, entry: dict, accepted: dict | None, reason: str | None) -> dict:
+    """perf_guard.json's content: the ledger entry of these runs, the comparison's rows, the verdict, the runs."""
+    old, new = figures(runs)
+    rows = compare(old if accepted else None, new)
+    ok, why = verdict(rows, reason)
+    entry = {**entry, "cases": new, "baseline": {"commit": accepted["commit"], "cases": old} if accepted else None}
+    return {"entry": entry, "rows": rows, "ok": ok, "why": why, "runs": runs}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -426,6 +473,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=1,
                         help="run each case's pair this many times, the first tree alternating, and compare the "
                         "pairs' median ratio (the same tree moved 17%% between two runs minutes apart on one H200)")
+    parser.add_argument("--more", type=Path, metavar="PERF_GUARD_JSON",
+                        help="continue an earlier call's run (its perf_guard.json): this call's --repeats pairs are "
+                        "added to its pairs and everything is judged together")
+    parser.add_argument("--time-limit", type=float, metavar="SECONDS",
+                        help="start no pair that, as long as the longest so far, would end after this many seconds; "
+                        "judge the pairs run (a call's limit otherwise stops the guard before it writes anything)")
     parser.add_argument("--commit", help="the commit this tree is, where it is a copy without git (a GPU machine's)")
     parser.add_argument("--work", type=Path, help="the checkpoint and samples (default OUT/work; reused when there)")
     args = parser.parse_args(argv)
@@ -437,31 +490,46 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if accepted else 1
     if args.out is None:
         parser.error("--out is required to run the cases")
+    until = time.monotonic() + args.time_limit if args.time_limit else None
     facts = machine()
     accepted = last_accepted(read_ledger(), facts["gpu"])
     if accepted and args.baseline is None:
         parser.error(f"--baseline is required: this tree is measured against the last accepted commit on "
                      f"{facts['gpu']}, {accepted['commit']}, in the same call (git archive {accepted['commit']} | "
                      f"tar -x -C DIR; then --baseline DIR)")
+    entry = {"date": dt.date.today().isoformat(), "commit": args.commit or commit(), "kind": args.kind, **facts,
+             "baseline": {"commit": accepted["commit"]} if accepted else None, "reason": args.reason}
+    runs, calls = {}, 1
+    if args.more:
+        try:
+            runs, calls = earlier_runs(args.more, entry)
+        except ValueError as error:
+            print(error, file=sys.stderr)
+            return 1
+        calls += 1
+    entry = {**entry, **({"calls": calls} if calls > 1 else {})}
     args.out.mkdir(parents=True, exist_ok=True)
-    old, new = run_pairs(args.cases, args.baseline.resolve() if accepted else None, args.out,
-                         args.work or args.out / "work", args.repeats)
-    rows = compare(old if accepted else None, new)
-    ok, why = verdict(rows, args.reason)
-    print(f"performance guard, {facts['gpu']} (driver {facts['driver']}), commit {args.commit or commit()}; baseline: "
+    result = args.out / "perf_guard.json"
+
+    def save(runs):
+        result.write_text(json.dumps(guard_run(runs, entry, accepted, args.reason), indent=1))
+
+    runs = run_pairs(args.cases, args.baseline.resolve() if accepted else None, args.out,
+                     args.work or args.out / "work", args.repeats, runs, until, save)
+    save(runs)
+    run = json.loads(result.read_text())
+    print(f"performance guard, {facts['gpu']} (driver {facts['driver']}), {entry['commit']}; baseline: "
           + (f"{accepted['commit']} (accepted {accepted['date']}), run in this call" if accepted
-             else "none on this GPU model (this run sets the first bar)") + "\n")
-    print(table(rows))
+             else "none on this GPU model (this run sets the first bar)")
+          + (f"; {calls} calls" if calls > 1 else "") + "\n")
+    print(table(run["rows"]))
     print("\nmfu: the model's FLOPs per token (bench/flops.py: the frozen base's forward and input gradients, "
           "not the recomputed forward) x tokens/s over the GPU's spec dense bf16 peak (H200: 989 TFLOP/s); "
           "shown, not judged")
-    print(f"\n{'ok' if ok else 'FAILED'}: {why}")
-    entry = {"date": dt.date.today().isoformat(), "commit": args.commit or commit(), "kind": args.kind, **facts, "cases": new,
-             "baseline": {"commit": accepted["commit"], "cases": old} if accepted else None, "reason": args.reason}
-    (args.out / "perf_guard.json").write_text(json.dumps({"entry": entry, "rows": rows, "ok": ok}, indent=1))
-    if ok and args.record:
-        return append_run([args.out / "perf_guard.json"])
-    return 0 if ok else 1
+    print(f"\n{'ok' if run['ok'] else 'FAILED'}: {run['why']}")
+    if run["ok"] and args.record:
+        return append_run([result])
+    return 0 if run["ok"] else 1
 
 
 if __name__ == "__main__":

@@ -163,7 +163,8 @@ def test_repeats_alternate_the_tree_run_first_and_keep_each_run_apart(tmp_path, 
 
     monkeypatch.setattr(perf_guard, "run_case", run_case)
     monkeypatch.setattr(perf_guard, "ROOT", tmp_path / "this_tree")
-    old, new = perf_guard.run_pairs(["fixed128"], tmp_path / "base_tree", tmp_path / "out", tmp_path / "work", repeats=2)
+    old, new = perf_guard.figures(perf_guard.run_pairs(["fixed128"], tmp_path / "base_tree", tmp_path / "out",
+                                                       tmp_path / "work", repeats=2))
     assert calls == [("base_tree", "out/baseline/repeat0"), ("this_tree", "out/this/repeat0"),
                      ("this_tree", "out/this/repeat1"), ("base_tree", "out/baseline/repeat1")]
     assert old["fixed128"]["tokens_per_second_runs"] == [101.0, 104.0] and old["fixed128"]["tokens_per_second"] == 102.5
@@ -259,3 +260,90 @@ def test_the_train_stage_cases_mfu_is_bench_flops_for_both_trees():
     28.9% (bench/RESULTS.md); none on a GPU model whose peak bench/flops.py does not know."""
     assert round(perf_guard.mfu(12977.0, 13384, 50176, 989e12), 3) == 0.289
     assert perf_guard.mfu(12977.0, 13384, 50176, None) is None
+
+
+def fake_cases(monkeypatch, tmp_path, seconds_per_run: float = 0.0) -> list:
+    """Cases that cost ``seconds_per_run`` on a clock of their own, and this machine as an H200 with a ledger
+    whose last entry (fb8f7c1) is the baseline: the guard's own logic around runs a test cannot make."""
+    clock, calls = [0.0], []
+
+    def run_case(case, tree, out, work, **_):
+        calls.append(tree.name)
+        clock[0] += seconds_per_run
+        speed = 100.0 + len(calls)
+        return {"tokens_per_second": speed, "step_seconds": 1 / speed, "peak_allocated_gib": 1.0,
+                "peak_reserved_gib": 1.0, "step0_loss": 2.0}
+
+    ledger = tmp_path / "this_tree" / "bench" / "perf_ledger.jsonl"
+    ledger.parent.mkdir(parents=True)
+    ledger.write_text(json.dumps(guard_run(EVERY_CASE, commit="fb8f7c1")["entry"]) + "\n")
+    machine = {key: guard_run({})["entry"][key] for key in ("gpu", "driver", "packages")}
+    monkeypatch.setattr(perf_guard, "LEDGER", ledger)
+    monkeypatch.setattr(perf_guard, "ROOT", tmp_path / "this_tree")
+    monkeypatch.setattr(perf_guard, "run_case", run_case)
+    monkeypatch.setattr(perf_guard, "machine", lambda: machine)
+    monkeypatch.setattr(perf_guard.time, "monotonic", lambda: clock[0])
+    return calls
+
+
+def test_a_time_limit_starts_no_pair_that_would_end_past_it_and_judges_the_pairs_run(tmp_path, monkeypatch, capsys):
+    """A call's limit (600 s on the GPU machine) once stopped a guard of four plan12 pairs in its fourth: it
+    printed three pairs and wrote nothing. Pairs of 200 s under a 500 s limit: two run, the third is not started."""
+    calls = fake_cases(monkeypatch, tmp_path, seconds_per_run=100.0)
+    out = tmp_path / "out"
+    assert perf_guard.main(["--baseline", str(tmp_path / "base_tree"), "--cases", "plan12", "--repeats", "4",
+                            "--time-limit", "500", "--commit", "2f74d0d", "--out", str(out)]) == 0
+    assert calls == ["base_tree", "this_tree", "this_tree", "base_tree"]
+    assert "time limit: plan12 ran 2 of 4 pairs in this call" in capsys.readouterr().out
+    run = json.loads((out / "perf_guard.json").read_text())
+    assert run["entry"]["cases"]["plan12"]["tokens_per_second_runs"] == [102.0, 103.0]
+    assert len(run["runs"]["plan12"]["baseline"]) == 2 and run["ok"]
+
+
+def test_a_run_stopped_from_outside_keeps_its_whole_pairs(tmp_path, monkeypatch):
+    calls = fake_cases(monkeypatch, tmp_path)
+    original = perf_guard.run_case
+
+    def stopped_in_the_third_pair(*args, **kwargs):
+        if len(calls) == 4:
+            raise KeyboardInterrupt  # what timeout's signal does to the guard
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(perf_guard, "run_case", stopped_in_the_third_pair)
+    out = tmp_path / "out"
+    try:
+        perf_guard.main(["--baseline", str(tmp_path / "base_tree"), "--cases", "plan12", "--repeats", "4",
+                         "--commit", "2f74d0d", "--out", str(out)])
+    except KeyboardInterrupt:
+        pass
+    run = json.loads((out / "perf_guard.json").read_text())
+    assert run["entry"]["cases"]["plan12"]["tokens_per_second_runs"] == [102.0, 103.0]
+    assert {name: len(each) for name, each in run["runs"]["plan12"].items()} == {"baseline": 2, "this": 2}
+
+
+def test_more_continues_an_earlier_call_s_pairs_and_judges_them_together(tmp_path, monkeypatch, capsys):
+    calls = fake_cases(monkeypatch, tmp_path)
+    base = ["--baseline", str(tmp_path / "base_tree"), "--cases", "plan12", "--commit", "2f74d0d"]
+    first, second = tmp_path / "first", tmp_path / "second"
+    assert perf_guard.main([*base, "--repeats", "2", "--out", str(first)]) == 0
+    assert perf_guard.main([*base, "--more", str(first / "perf_guard.json"), "--out", str(second)]) == 0
+    # the alternation goes on: the third pair runs the baseline first
+    assert calls == ["base_tree", "this_tree", "this_tree", "base_tree", "base_tree", "this_tree"]
+    run = json.loads((second / "perf_guard.json").read_text())
+    assert run["entry"]["cases"]["plan12"]["tokens_per_second_runs"] == [102.0, 103.0, 106.0]
+    assert run["entry"]["calls"] == 2 and "2 calls" in capsys.readouterr().out
+    # another commit, or a file without runs, is refused with the file's name
+    assert perf_guard.main([*base[:-1], "abc1234", "--more", str(second / "perf_guard.json"), "--out",
+                            str(tmp_path / "third")]) == 1
+    assert "second/perf_guard.json: its commit (2f74d0d) is not this call's (abc1234)" in capsys.readouterr().err
+    old = write(tmp_path / "old.json", guard_run(EVERY_CASE))
+    assert perf_guard.main([*base, "--more", str(old), "--out", str(tmp_path / "third")]) == 1
+    assert "old.json: holds no runs to continue" in capsys.readouterr().err
+    assert len(calls) == 6
+    # appended with a call that ran the other cases: one entry of three calls
+    others = {case: EVERY_CASE[case] for case in ("fixed128", "packed")}
+    rest = write(tmp_path / "rest.json", guard_run(others, commit="2f74d0d",
+                                                   baseline={"commit": "fb8f7c1", "cases": others}))
+    assert perf_guard.main(["--append", str(rest), str(second / "perf_guard.json")]) == 0
+    entry = perf_guard.read_ledger()[-1]
+    assert entry["calls"] == 3 and entry["cases"]["plan12"]["tokens_per_second_runs"] == [102.0, 103.0, 106.0]
