@@ -92,13 +92,21 @@ def spread(runs: list[float] | None) -> float | None:
     return max(runs) / min(runs) - 1 if runs and len(runs) > 1 else None
 
 
-def speed_change(before: dict, after: dict) -> float:
-    """The change in tokens/s: over repeats, the median of each repeat's pair (this tree's run over the
-    baseline's beside it), as a machine drifts between repeats more than between a pair's two runs (plan12 on
-    one H200: 10,274 then 12,059 tokens/s for the same tree, bench/RESULTS.md); else the two figures' ratio."""
+def pair_ratios(before: dict, after: dict) -> list[float]:
+    """Each repeat's pair: this tree's tokens/s over the baseline's beside it (none for one run each)."""
     old_runs, new_runs = before.get("tokens_per_second_runs"), after.get("tokens_per_second_runs")
     if old_runs and new_runs and len(old_runs) == len(new_runs) > 1:
-        return statistics.median(new / old for old, new in zip(old_runs, new_runs)) - 1
+        return [new / old for old, new in zip(old_runs, new_runs)]
+    return []
+
+
+def speed_change(before: dict, after: dict) -> float:
+    """The change in tokens/s: over repeats, the median of the pairs' ratios, as a machine drifts between
+    repeats more than between a pair's two runs (plan12 on one H200: 10,274 then 12,059 tokens/s for the same
+    tree, bench/RESULTS.md); else the two figures' ratio."""
+    ratios = pair_ratios(before, after)
+    if ratios:
+        return statistics.median(ratios) - 1
     return after["tokens_per_second"] / before["tokens_per_second"] - 1
 
 
@@ -120,6 +128,7 @@ def compare(baseline: dict | None, new: dict) -> list[dict]:
                 spreads = [s for s in (spread(before.get("tokens_per_second_runs")),
                                        spread(figures.get("tokens_per_second_runs"))) if s is not None]
                 row["spread"] = max(spreads, default=None)
+                row["pairs"] = pair_ratios(before, figures)
             row["fails"] = change is not None and ((figure == "tokens_per_second" and change < -SPEED_DROP)
                                                    or (figure == "peak_reserved_gib" and change > MEMORY_RISE))
             rows.append(row)
@@ -142,11 +151,12 @@ def verdict(rows: list[dict], reason: str | None) -> tuple[bool, str]:
 
 
 def table(rows: list[dict]) -> str:
-    """The rows as markdown; a tokens/s change over repeats is the pairs' median ratio, its runs' spread
-    beside it."""
+    """The rows as markdown; a tokens/s change over repeats is the pairs' median ratio, its runs' spread and
+    the pairs' range beside it."""
     def note(row):
         spread = f"runs {row['spread']:.1%} apart" if row.get("spread") is not None else ""
-        return "; ".join(filter(None, ["FAILS" if row["fails"] else "", spread]))
+        pairs = f"pairs {min(row['pairs']):.3f}-{max(row['pairs']):.3f}" if row.get("pairs") else ""
+        return "; ".join(filter(None, ["FAILS" if row["fails"] else "", spread, pairs]))
 
     def shown(value):
         return "-" if value is None else f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.4g}"

@@ -198,7 +198,7 @@ def test_a_failing_case_whose_runs_lie_further_apart_than_the_bar_asks_for_more_
     noisy = rows([10274.5, 12059.0], [9185.4, 11691.4])
     ok, why = perf_guard.verdict(noisy, None)
     assert not ok and "plan12 tokens_per_second -6.8%" in why and "plan12's runs lie 27.3% apart" in why
-    assert "FAILS; runs 27.3% apart" in perf_guard.table(noisy)
+    assert "FAILS; runs 27.3% apart; pairs 0.894-0.970" in perf_guard.table(noisy)
     ok, why = perf_guard.verdict(rows([10000.0, 10100.0], [9500.0, 9600.0]), None)  # 1% apart: a drop
     assert not ok and "apart" not in why and "--repeats" not in why
     assert perf_guard.verdict(rows([10000.0, 10100.0], [9900.0, 10050.0]), None)[0]
