@@ -8,10 +8,11 @@ Each run is that tree's own ``bench/train_throughput.py --trainers <trainer>`` (
 builder, train stage and kernels) on one checkpoint, built once from the first tree's builder and
 shared. A run's name is ``tree:trainer`` plus options: ``+profile`` profiles the step before the last
 (``train.profile_step``; that step and the cProfiled last one are left out of its figures),
-``+env:NAME=VALUE`` sets an environment variable. Per run: tokens/s and step seconds (median of the
-unprofiled steps after the first), every step's seconds, peak memory; a profiled run adds the device's
-busy time in the profiled step, its idle gaps charged to host work (``bench/trace_summary.py``), and
-the operator table. Written to OUT: ``compare_trees.json`` and ``profiles.tar.gz``.
+``+env:NAME=VALUE`` sets an environment variable; ``--cap-gib 12 --frames 72`` is the guard's plan12
+case. Per run: tokens/s and step seconds (median of the unprofiled steps after the first), every step's
+seconds, peak memory; a profiled run adds the device's busy time in the profiled step, its idle gaps
+charged to host work (``bench/trace_summary.py``), and the operator table. Written to OUT:
+``compare_trees.json`` and ``profiles.tar.gz``.
 """
 
 from __future__ import annotations
@@ -79,6 +80,7 @@ def run_one(run: dict, tree: Path, args, model: Path, out: Path, work: Path) -> 
     command = [sys.executable, "-c", WRAPPER, json.dumps(spec), "--config", str(tree / "bench/configs/Qwen3.5-4B.json"),
                "--frames", str(args.frames), "--gpus", "1", "--steps", str(args.steps), "--trainers", "compared",
                "--no-check", "--work", str(work), "--out", str(out)]
+    command += ["--cap-gib", str(args.cap_gib)] if args.cap_gib else []
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tree / "src"), os.environ.get("PYTHONPATH", "")])}
     shown = subprocess.run(command, cwd=tree, env=env, capture_output=True, text=True)
     (out / "output.log").write_text(shown.stdout + shown.stderr)
@@ -86,7 +88,7 @@ def run_one(run: dict, tree: Path, args, model: Path, out: Path, work: Path) -> 
     facts = results.get("runs", {}).get(str(args.frames), {}).get("compared", {})
     if "per_rank" not in facts:
         return {"failed": facts.get("failed") or (shown.stdout + shown.stderr)[-1500:]}
-    train_out = work / f"compared-{args.frames}-0"
+    train_out = work / f"compared-{args.frames}-{args.cap_gib:g}"
     steps = [json.loads(line) for line in (train_out / "steps.rank0.jsonl").read_text().splitlines()]
     timed = steps[1:-2] if run["profile"] else steps[1:]
     figures = {"tokens_per_second": statistics.median(s["tokens_per_second"] for s in timed),
@@ -115,6 +117,9 @@ def main() -> None:
     parser.add_argument("--runs", nargs="+", required=True, help="tree:trainer[+profile][+env:NAME=VALUE] ...")
     parser.add_argument("--frames", type=int, default=128)
     parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--cap-gib", type=float, default=0.0,
+                        help="each run under train.memory_cap_gib (a card of this size), e.g. 12 with --frames 72: "
+                        "the performance guard's plan12 case")
     parser.add_argument("--work", type=Path, help="one checkpoint and sample folder for every run (trees whose "
                         "sample stores agree); default one per tree")
     parser.add_argument("--out", type=Path, required=True)
@@ -142,7 +147,8 @@ def main() -> None:
             for path in sorted(scratch.glob("run*/*")):
                 if path.is_file():
                     packed.add(path, arcname=f"{path.parent.name}/{path.name}")
-    print(f"\n{args.frames} frames, one GPU, {args.steps} steps (median of the unprofiled steps after the first)")
+    capped = f" capped at {args.cap_gib:g} GiB" if args.cap_gib else ""
+    print(f"\n{args.frames} frames, one GPU{capped}, {args.steps} steps (median of the unprofiled steps after the first)")
     print("| run | tokens/s | step s | steps (s) | peak alloc GiB | step-0 loss | device busy in the profiled step |")
     print("| --- | ---: | ---: | --- | ---: | ---: | --- |")
     for label, f in results.items():
