@@ -466,7 +466,7 @@ def guard_run(runs: dict, entry: dict, accepted: dict | None, reason: str | None
     return {"entry": entry, "rows": rows, "ok": ok, "why": why, "runs": runs}
 
 
-def main(argv: list[str] | None = None) -> int:
+def arguments() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, help="where each case writes its results and logs")
     parser.add_argument("--baseline", type=Path, help="a source tree of the last accepted commit (git archive)")
@@ -491,6 +491,25 @@ def main(argv: list[str] | None = None) -> int:
                         "judge the pairs run (a call's limit otherwise stops the guard before it writes anything)")
     parser.add_argument("--commit", help="the commit this tree is, where it is a copy without git (a GPU machine's)")
     parser.add_argument("--work", type=Path, help="the checkpoint and samples (default OUT/work; reused when there)")
+    return parser
+
+
+def report(run: dict, accepted: dict | None) -> None:
+    """The guard's table and verdict on the terminal."""
+    entry, calls = run["entry"], run["entry"].get("calls", 1)
+    print(f"performance guard, {entry['gpu']} (driver {entry['driver']}), commit {entry['commit']}; baseline: "
+          + (f"{accepted['commit']} (accepted {accepted['date']}), run beside it in "
+             + (f"each of {calls} calls" if calls > 1 else "this call") if accepted
+             else "none on this GPU model (this run sets the first bar)") + "\n")
+    print(table(run["rows"]))
+    print("\nmfu: the model's FLOPs per token (bench/flops.py: the frozen base's forward and input gradients, "
+          "not the recomputed forward) x tokens/s over the GPU's spec dense bf16 peak (H200: 989 TFLOP/s); "
+          "shown, not judged")
+    print(f"\n{'ok' if run['ok'] else 'FAILED'}: {run['why']}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = arguments()
     args = parser.parse_args(argv)
     if args.append:
         return append_run(args.append)
@@ -509,15 +528,14 @@ def main(argv: list[str] | None = None) -> int:
                      f"tar -x -C DIR; then --baseline DIR)")
     entry = {"date": dt.date.today().isoformat(), "commit": args.commit or commit(), "kind": args.kind, **facts,
              "baseline": {"commit": accepted["commit"]} if accepted else None, "reason": args.reason}
-    runs, calls = {}, 1
+    runs = {}
     if args.more:
         try:
             runs, calls = earlier_runs(args.more, entry)
         except ValueError as error:
             print(error, file=sys.stderr)
             return 1
-        calls += 1
-    entry = {**entry, **({"calls": calls} if calls > 1 else {})}
+        entry["calls"] = calls + 1
     args.out.mkdir(parents=True, exist_ok=True)
     result = args.out / "perf_guard.json"
 
@@ -528,15 +546,7 @@ def main(argv: list[str] | None = None) -> int:
                      args.work or args.out / "work", args.repeats, runs, until, save)
     save(runs)
     run = json.loads(result.read_text())
-    print(f"performance guard, {facts['gpu']} (driver {facts['driver']}), {entry['commit']}; baseline: "
-          + (f"{accepted['commit']} (accepted {accepted['date']}), run in this call" if accepted
-             else "none on this GPU model (this run sets the first bar)")
-          + (f"; {calls} calls" if calls > 1 else "") + "\n")
-    print(table(run["rows"]))
-    print("\nmfu: the model's FLOPs per token (bench/flops.py: the frozen base's forward and input gradients, "
-          "not the recomputed forward) x tokens/s over the GPU's spec dense bf16 peak (H200: 989 TFLOP/s); "
-          "shown, not judged")
-    print(f"\n{'ok' if run['ok'] else 'FAILED'}: {run['why']}")
+    report(run, accepted)
     if run["ok"] and args.record:
         return append_run([result])
     return 0 if run["ok"] else 1

@@ -331,7 +331,7 @@ def test_more_continues_an_earlier_call_s_pairs_and_judges_them_together(tmp_pat
     assert calls == ["base_tree", "this_tree", "this_tree", "base_tree", "base_tree", "this_tree"]
     run = json.loads((second / "perf_guard.json").read_text())
     assert run["entry"]["cases"]["plan12"]["tokens_per_second_runs"] == [102.0, 103.0, 106.0]
-    assert run["entry"]["calls"] == 2 and "2 calls" in capsys.readouterr().out
+    assert run["entry"]["calls"] == 2 and "run beside it in each of 2 calls" in capsys.readouterr().out
     # another commit, or a file without runs, is refused with the file's name
     assert perf_guard.main([*base[:-1], "abc1234", "--more", str(second / "perf_guard.json"), "--out",
                             str(tmp_path / "third")]) == 1
