@@ -10,7 +10,7 @@ shared. A run's name is ``tree:trainer`` plus options: ``+profile`` profiles the
 (``train.profile_step``; that step and the cProfiled last one are left out of its figures),
 ``+env:NAME=VALUE`` sets an environment variable; ``--cap-gib 12 --frames 72`` is the guard's plan12
 case. Per run: tokens/s and step seconds (median of the unprofiled steps after the first), every step's
-seconds, peak memory; a profiled run adds the device's busy time in the profiled step, its idle gaps
+seconds (and its wait for its batch and allocator retries, where the tree logs them), peak memory; a profiled run adds the device's busy time in the profiled step, its idle gaps
 charged to host work (``bench/trace_summary.py``), and the operator table. Written to OUT:
 ``compare_trees.json`` and ``profiles.tar.gz``.
 """
@@ -97,6 +97,9 @@ def run_one(run: dict, tree: Path, args, model: Path, out: Path, work: Path) -> 
                "peak_allocated_gib": facts["per_rank"]["0"]["peak_allocated_gib"] if "0" in facts["per_rank"]
                else facts["per_rank"][0]["peak_allocated_gib"],
                "input_tokens": steps[0]["input_tokens"], "step0_loss": steps[0]["loss"]}
+    for key in ("batch_wait_seconds", "allocator_retries"):  # where the tree logs them: data late, memory full
+        if all(key in s for s in steps):
+            figures[key] = [round(s[key], 3) for s in steps]
     # no MFU: each tree's train_throughput has its own definition (4488029's counted the recomputed forward)
     if (train_out / "autotune.json").exists():  # the choices this run's autotuning made, a table to ship
         shutil.copy(train_out / "autotune.json", out / "autotune.json")
