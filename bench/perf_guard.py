@@ -195,7 +195,9 @@ def train_stage_case(tree: Path, out: Path, work: Path, frames: list[int], cap_g
     command = [sys.executable, str(tree / "bench" / "train_throughput.py"), "--config", str(tree / MODEL.relative_to(ROOT)),
                "--gpus", "1", "--steps", "6", "--trainers", "ours", "--no-check", "--work", str(work), "--out", str(out)]
     command += ["--cap-gib", str(cap_gib), "--planned-frames"] if cap_gib else ["--frames", *map(str, frames)]
+    started = time.monotonic()
     subprocess.run(command, check=True, cwd=tree, env=environment(tree))
+    run_seconds = round(time.monotonic() - started, 1)
     results = json.loads((out / "train_throughput.json").read_text())
     (frame_count, run), = results["runs"].items()
     facts = run["ours"]
@@ -204,7 +206,8 @@ def train_stage_case(tree: Path, out: Path, work: Path, frames: list[int], cap_g
     logged = logged_steps(work, int(frame_count), cap_gib)
     sample = logged.pop("sample")
     return {**step_figures(facts["per_rank"], facts["tokens_per_second"], facts["step0"]["loss"]),
-            "mfu": mfu(facts["tokens_per_second"], *sample, spec_peak()), "frames": int(frame_count), **logged}
+            "mfu": mfu(facts["tokens_per_second"], *sample, spec_peak()), "frames": int(frame_count),
+            "run_seconds_each": run_seconds, **logged}
 
 
 def spec_peak() -> float | None:
@@ -240,13 +243,15 @@ def model_shape():
 
 def logged_steps(work: Path, frames: int, cap_gib: float | None) -> dict:
     """Every step's seconds on rank 0, to tell a run's slow steps from a slow run, and the allocator's
-    retries in each where the tree logs them (a step at the memory limit); and the first sample's tokens and
-    vision patches (``sample``). From the train stage's step log, where every tree's
+    retries in each where the tree logs them (a step at the memory limit); the seconds before the first step;
+    and the first sample's tokens and vision patches (``sample``). From the train stage's step log, where every tree's
     bench/train_throughput.py has the stage write it."""
     log = work / f"ours-{frames}-{cap_gib or 0:g}" / "steps.rank0.jsonl"
     steps = [json.loads(line) for line in log.read_text().splitlines()]
     (t, h, w), tokens = steps[0]["grid"][0], steps[0]["input_tokens"][0]  # every step's sample is this long
-    each = {"sample": (tokens, t * h * w), "step_seconds_each": [round(step["step_seconds"], 4) for step in steps]}
+    each = {"sample": (tokens, t * h * w), "step_seconds_each": [round(step["step_seconds"], 4) for step in steps],
+            # the stage's start to its first step (imports, load, checks): a run's cost beyond its steps
+            "start_seconds_each": round(steps[0]["since_start_s"] - steps[0]["step_seconds"], 1)}
     if all("allocator_retries" in step for step in steps):
         each["allocator_retries_each"] = [step["allocator_retries"] for step in steps]
     return each
@@ -272,7 +277,9 @@ def packed_case(tree: Path, out: Path, passes: int = 1) -> dict:
                "--device", "cuda", "--modes", "packed", "--no-results"]
     if times_passes(tree):
         command += ["--passes", str(passes)]
+    started = time.monotonic()
     done = subprocess.run(command, cwd=tree, capture_output=True, text=True, env=packing_environment(tree))
+    run_seconds = round(time.monotonic() - started, 1)
     (out / "packing.log").write_text(done.stdout + done.stderr)
     if done.returncode:
         raise RuntimeError(f"bench/packing.py failed; its output: {out / 'packing.log'}\n{done.stderr[-2000:]}")
@@ -284,7 +291,7 @@ def packed_case(tree: Path, out: Path, passes: int = 1) -> dict:
     return {"tokens_per_second": result["tokens_per_second"], "step_seconds": result["median_step_seconds"],
             "peak_allocated_gib": result["peak_allocated_gib"], "peak_reserved_gib": result["peak_reserved_gib"],
             "step0_loss": result["first_loss"], "passes": passes,  # the pass timed: the ledger says which
-            "mfu": model_flops / peak if peak and model_flops else None}
+            "mfu": model_flops / peak if peak and model_flops else None, "run_seconds_each": run_seconds}
 
 
 def machine() -> dict:
@@ -380,8 +387,8 @@ def run_case(case: str, tree: Path, out: Path, work: Path, passes: int = 1) -> d
 
 def repeated(runs: list[dict]) -> dict:
     """One case's figures over repeated runs: the median speed, step time and MFU, the largest memory peaks,
-    the first run's loss (the same in every run), every run's tokens/s, and each run's per-step figures where
-    the case keeps them (``step_seconds_each`` -> ``step_seconds_runs``)."""
+    the first run's loss (the same in every run), every run's tokens/s, and each run's own figures where the
+    case keeps them (``step_seconds_each`` -> ``step_seconds_runs``; its wall and start-up seconds)."""
     figures = {key: value for key, value in runs[0].items() if not key.endswith("_each")}
     for middle in ("tokens_per_second", "step_seconds", "mfu"):
         values = [run[middle] for run in runs if run.get(middle) is not None]

@@ -245,13 +245,14 @@ def test_a_train_stage_case_reads_every_step_s_seconds_from_the_stage_s_step_log
     for folder, frames, cap, retries in (("ours-128-0", 128, None, None), ("ours-72-12", 72, 12.0, [0, 3])):
         log = tmp_path / folder / "steps.rank0.jsonl"
         log.parent.mkdir()
-        steps = [{"step": i, "step_seconds": s, "grid": [[frames // 2, 28, 28]], "input_tokens": [13384]}
-                 for i, s in enumerate([2.84512, 1.0313])]
+        steps = [{"step": i, "step_seconds": s, "grid": [[frames // 2, 28, 28]], "input_tokens": [13384],
+                  "since_start_s": 41.2 + 2.84512 + i * 1.0313} for i, s in enumerate([2.84512, 1.0313])]
         for step, count in zip(steps, retries or []):
             step["allocator_retries"] = count
         log.write_text("".join(json.dumps(step) + "\n" for step in steps))
         logged = perf_guard.logged_steps(tmp_path, frames, cap)
         assert logged == {"sample": (13384, frames // 2 * 28 * 28), "step_seconds_each": [2.8451, 1.0313],
+                          "start_seconds_each": 41.2,  # the stage's start to its first step
                           **({"allocator_retries_each": retries} if retries else {})}
 
 
