@@ -295,10 +295,14 @@ def packed_case(tree: Path, out: Path, passes: int = 1) -> dict:
 
 
 def machine() -> dict:
-    """What the figures depend on besides the code: GPU model, driver, packages."""
+    """What the figures depend on besides the code: GPU model, driver, packages. SystemExit without a GPU."""
     import importlib.metadata
 
     import torch
+
+    if not torch.cuda.is_available():
+        raise SystemExit("perf_guard.py: the cases run on a CUDA GPU and this machine has none; run it on the GPU "
+                         "machine (bench/README.md) and bring its OUT/perf_guard.json back with --append")
 
     def version(name):
         try:

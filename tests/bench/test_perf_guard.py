@@ -8,6 +8,9 @@ import statistics
 import sys
 from pathlib import Path
 
+import pytest
+import torch
+
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 sys.path.insert(0, str(BENCH))
 
@@ -348,3 +351,11 @@ def test_more_continues_an_earlier_call_s_pairs_and_judges_them_together(tmp_pat
     assert perf_guard.main(["--append", str(rest), str(second / "perf_guard.json")]) == 0
     entry = perf_guard.read_ledger()[-1]
     assert entry["calls"] == 3 and entry["cases"]["plan12"]["tokens_per_second_runs"] == [102.0, 103.0, 106.0]
+
+
+def test_without_a_gpu_the_guard_says_where_to_run_it(tmp_path):
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    with pytest.raises(SystemExit, match="the cases run on a CUDA GPU and this machine has none"):
+        perf_guard.main(["--out", str(tmp_path / "out")])
+    assert not (tmp_path / "out").exists()
