@@ -286,7 +286,7 @@ def fake_cases(monkeypatch, tmp_path, seconds_per_run: float = 0.0) -> list:
     monkeypatch.setattr(perf_guard, "ROOT", tmp_path / "this_tree")
     monkeypatch.setattr(perf_guard, "run_case", run_case)
     monkeypatch.setattr(perf_guard, "machine", lambda: machine)
-    monkeypatch.setattr(perf_guard.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(perf_guard, "clock", lambda: clock[0])
     return calls
 
 
