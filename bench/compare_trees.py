@@ -10,9 +10,10 @@ shared. A run's name is ``tree:trainer`` plus options: ``+profile`` profiles the
 (``train.profile_step``; that step and the cProfiled last one are left out of its figures),
 ``+env:NAME=VALUE`` sets an environment variable; ``--cap-gib 12 --frames 72`` is the guard's plan12
 case. Per run: tokens/s and step seconds (median of the unprofiled steps after the first), every step's
-seconds (and its wait for its batch and allocator retries, where the tree logs them), peak memory; a profiled run adds the device's busy time in the profiled step, its idle gaps
-charged to host work (``bench/trace_summary.py``), and the operator table. Written to OUT:
-``compare_trees.json`` and ``profiles.tar.gz``.
+seconds (and its wait for its batch and allocator retries, where the tree logs them), peak memory; a
+profiled run adds the device's busy time in the profiled step, its idle gaps charged to host work
+(``bench/trace_summary.py``), and the operator table. Written to OUT: ``compare_trees.json`` and
+``profiles.tar.gz``.
 """
 
 from __future__ import annotations
@@ -151,7 +152,8 @@ def main() -> None:
                 if path.is_file():
                     packed.add(path, arcname=f"{path.parent.name}/{path.name}")
     capped = f" capped at {args.cap_gib:g} GiB" if args.cap_gib else ""
-    print(f"\n{args.frames} frames, one GPU{capped}, {args.steps} steps (median of the unprofiled steps after the first)")
+    print(f"\n{args.frames} frames, one GPU{capped}, {args.steps} steps "
+          "(median of the unprofiled steps after the first)")
     print("| run | tokens/s | step s | steps (s) | peak alloc GiB | step-0 loss | device busy in the profiled step |")
     print("| --- | ---: | ---: | --- | ---: | ---: | --- |")
     for label, f in results.items():

@@ -196,9 +196,7 @@ def train_stage_case(tree: Path, out: Path, work: Path, frames: list[int], cap_g
     command = [sys.executable, str(tree / "bench" / "train_throughput.py"), "--config", str(tree / MODEL.relative_to(ROOT)),
                "--gpus", "1", "--steps", "6", "--trainers", "ours", "--no-check", "--work", str(work), "--out", str(out)]
     command += ["--cap-gib", str(cap_gib), "--planned-frames"] if cap_gib else ["--frames", *map(str, frames)]
-    started = clock()
     subprocess.run(command, check=True, cwd=tree, env=environment(tree))
-    run_seconds = round(clock() - started, 1)
     results = json.loads((out / "train_throughput.json").read_text())
     (frame_count, run), = results["runs"].items()
     facts = run["ours"]
@@ -207,8 +205,7 @@ def train_stage_case(tree: Path, out: Path, work: Path, frames: list[int], cap_g
     logged = logged_steps(work, int(frame_count), cap_gib)
     sample = logged.pop("sample")
     return {**step_figures(facts["per_rank"], facts["tokens_per_second"], facts["step0"]["loss"]),
-            "mfu": mfu(facts["tokens_per_second"], *sample, spec_peak()), "frames": int(frame_count),
-            "run_seconds_each": run_seconds, **logged}
+            "mfu": mfu(facts["tokens_per_second"], *sample, spec_peak()), "frames": int(frame_count), **logged}
 
 
 def spec_peak() -> float | None:
@@ -278,9 +275,7 @@ def packed_case(tree: Path, out: Path, passes: int = 1) -> dict:
                "--device", "cuda", "--modes", "packed", "--no-results"]
     if times_passes(tree):
         command += ["--passes", str(passes)]
-    started = clock()
     done = subprocess.run(command, cwd=tree, capture_output=True, text=True, env=packing_environment(tree))
-    run_seconds = round(clock() - started, 1)
     (out / "packing.log").write_text(done.stdout + done.stderr)
     if done.returncode:
         raise RuntimeError(f"bench/packing.py failed; its output: {out / 'packing.log'}\n{done.stderr[-2000:]}")
@@ -292,7 +287,7 @@ def packed_case(tree: Path, out: Path, passes: int = 1) -> dict:
     return {"tokens_per_second": result["tokens_per_second"], "step_seconds": result["median_step_seconds"],
             "peak_allocated_gib": result["peak_allocated_gib"], "peak_reserved_gib": result["peak_reserved_gib"],
             "step0_loss": result["first_loss"], "passes": passes,  # the pass timed: the ledger says which
-            "mfu": model_flops / peak if peak and model_flops else None, "run_seconds_each": run_seconds}
+            "mfu": model_flops / peak if peak and model_flops else None}
 
 
 def machine() -> dict:
@@ -331,6 +326,13 @@ def shared_facts(entry: dict) -> dict:
             "baseline commit": (entry["baseline"] or {}).get("commit")}
 
 
+def require_same_facts(path: Path, entry: dict, expected: dict, whose: str, why: str) -> None:
+    """ValueError naming ``path`` and the first of ``shared_facts`` in which its entry differs from ``expected``."""
+    for key, mine in shared_facts(entry).items():
+        if mine != expected[key]:
+            raise ValueError(f"{path}: its {key} ({mine}) is not {whose} ({expected[key]}); {why}")
+
+
 def merged_entry(runs: list[tuple[Path, dict]]) -> dict:
     """One ledger entry from guard runs of one commit on one machine, each holding other cases (a call's
     time limit can stop one run of every case): each case's pair was measured in its own call, the
@@ -342,11 +344,8 @@ def merged_entry(runs: list[tuple[Path, dict]]) -> dict:
         if not run["ok"]:
             raise ValueError(f"{path}: that run regressed and gave no reason; it is not recorded")
         this = run["entry"]
-        for key, mine in shared_facts(this).items():
-            theirs = expected[key]
-            if mine != theirs:
-                raise ValueError(f"{path}: its {key} ({mine}) is not {first_path}'s ({theirs}); one entry holds "
-                                 "one commit measured on one machine against one baseline")
+        require_same_facts(path, this, expected, f"{first_path}'s", "one entry holds one commit measured on one "
+                           "machine against one baseline")
         twice = set(this["cases"]) & set(entry["cases"])
         if twice:
             raise ValueError(f"{path}: {', '.join(sorted(twice))} is in an earlier file too; append the run to keep")
@@ -431,7 +430,9 @@ def run_pairs(cases: list[str], baseline: Path | None, out: Path, work: Path, re
             where = f"repeat{repeat}" if repeats > 1 or repeat else "."
             order = [("baseline", baseline), ("this", ROOT)] if baseline is not None else [("this", ROOT)]
             for name, tree in order[::-1] if repeat % 2 else order:
-                pairs[name].append(run_case(case, tree, out / name / where, work / name, **extra))
+                run_started = clock()
+                run = run_case(case, tree, out / name / where, work / name, **extra)
+                pairs[name].append({**run, "run_seconds_each": round(clock() - run_started, 1)})
                 shared = work / "this" / "model"  # the baseline's builder makes the checkpoint, both use it
                 if name == "baseline" and not shared.exists() and (work / "baseline" / "model").is_dir():
                     shared.parent.mkdir(parents=True, exist_ok=True)
@@ -444,7 +445,7 @@ def run_pairs(cases: list[str], baseline: Path | None, out: Path, work: Path, re
     return runs
 
 
-def figures(runs: dict) -> tuple[dict, dict]:
+def figures_over_runs(runs: dict) -> tuple[dict, dict]:
     """The baseline's and this tree's figures per case over their runs (``repeated``)."""
     old = {case: repeated(pairs["baseline"]) for case, pairs in runs.items() if pairs["baseline"]}
     new = {case: repeated(pairs["this"]) for case, pairs in runs.items() if pairs["this"]}
@@ -461,17 +462,14 @@ def earlier_runs(path: Path, entry: dict) -> tuple[dict, int]:
     if "runs" not in earlier:
         raise ValueError(f"{path}: holds no runs to continue (written by a guard from before --more); "
                          "run the cases anew")
-    ours = shared_facts(entry)
-    for key, theirs in shared_facts(earlier["entry"]).items():
-        if ours[key] != theirs:
-            raise ValueError(f"{path}: its {key} ({theirs}) is not this call's ({ours[key]}); --more continues "
-                             "one commit measured against one baseline on one kind of machine")
+    require_same_facts(path, earlier["entry"], shared_facts(entry), "this call's", "--more continues one commit "
+                       "measured against one baseline on one kind of machine")
     return earlier["runs"], earlier["entry"].get("calls", 1)
 
 
 def guard_run(runs: dict, entry: dict, accepted: dict | None, reason: str | None) -> dict:
     """perf_guard.json's content: the ledger entry of these runs, the comparison's rows, the verdict, the runs."""
-    old, new = figures(runs)
+    old, new = figures_over_runs(runs)
     rows = compare(old if accepted else None, new)
     ok, why = verdict(rows, reason)
     entry = {**entry, "cases": new, "baseline": {"commit": accepted["commit"], "cases": old} if accepted else None}
@@ -551,13 +549,13 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     result = args.out / "perf_guard.json"
 
-    def save(runs):
-        result.write_text(json.dumps(guard_run(runs, entry, accepted, args.reason), indent=1))
+    def save(runs) -> dict:
+        run = guard_run(runs, entry, accepted, args.reason)
+        result.write_text(json.dumps(run, indent=1))
+        return run
 
-    runs = run_pairs(args.cases, args.baseline.resolve() if accepted else None, args.out,
-                     args.work or args.out / "work", args.repeats, runs, until, save)
-    save(runs)
-    run = json.loads(result.read_text())
+    run = save(run_pairs(args.cases, args.baseline.resolve() if accepted else None, args.out,
+                         args.work or args.out / "work", args.repeats, runs, until, save))
     report(run, accepted)
     if run["ok"] and args.record:
         return append_run([result])

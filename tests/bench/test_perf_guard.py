@@ -166,8 +166,8 @@ def test_repeats_alternate_the_tree_run_first_and_keep_each_run_apart(tmp_path, 
 
     monkeypatch.setattr(perf_guard, "run_case", run_case)
     monkeypatch.setattr(perf_guard, "ROOT", tmp_path / "this_tree")
-    old, new = perf_guard.figures(perf_guard.run_pairs(["fixed128"], tmp_path / "base_tree", tmp_path / "out",
-                                                       tmp_path / "work", repeats=2))
+    runs = perf_guard.run_pairs(["fixed128"], tmp_path / "base_tree", tmp_path / "out", tmp_path / "work", repeats=2)
+    old, new = perf_guard.figures_over_runs(runs)
     assert calls == [("base_tree", "out/baseline/repeat0"), ("this_tree", "out/this/repeat0"),
                      ("this_tree", "out/this/repeat1"), ("base_tree", "out/baseline/repeat1")]
     assert old["fixed128"]["tokens_per_second_runs"] == [101.0, 104.0] and old["fixed128"]["tokens_per_second"] == 102.5
