@@ -64,6 +64,10 @@ SPEED_DROP = 0.03  # tokens/s may fall this much (a fraction) before the guard f
 MEMORY_RISE = 0.02  # peak reserved memory may grow this much
 MODEL = BENCH / "configs" / "Qwen3.5-4B.json"
 CASES = ("fixed128", "packed", "plan12")
+# Steps per train-stage run, the first not counted: one run's steps of one sample length lay 0.705-1.191 s
+# apart at 72 frames (bench/RESULTS.md, stop 53), so a median of five steps moved with the run. A run spends
+# ~70 s before its first step; ten more steps add ~10 s of it.
+TRAIN_STEPS = 16
 PACKAGES = ("torch", "triton", "transformers", "deepspeed", "peft", "fla-core")
 clock = time.monotonic  # the time limit's and the runs' seconds (a test gives the guard a clock of its own)
 
@@ -194,7 +198,8 @@ def train_stage_case(tree: Path, out: Path, work: Path, frames: list[int], cap_g
     """The train stage on one GPU through the tree's bench/train_throughput.py; its figures at the run's
     frame count."""
     command = [sys.executable, str(tree / "bench" / "train_throughput.py"), "--config", str(tree / MODEL.relative_to(ROOT)),
-               "--gpus", "1", "--steps", "6", "--trainers", "ours", "--no-check", "--work", str(work), "--out", str(out)]
+               "--gpus", "1", "--steps", str(TRAIN_STEPS), "--trainers", "ours", "--no-check", "--work", str(work),
+               "--out", str(out)]
     command += ["--cap-gib", str(cap_gib), "--planned-frames"] if cap_gib else ["--frames", *map(str, frames)]
     subprocess.run(command, check=True, cwd=tree, env=environment(tree))
     results = json.loads((out / "train_throughput.json").read_text())
