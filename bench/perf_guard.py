@@ -32,7 +32,9 @@ change bought; then ``--record`` writes the reason into the ledger beside the fi
 also drifts between runs minutes apart (4488029 ran at 12,829 and then 11,906 tokens/s at 128 frames
 on one H200): ``--repeats N`` runs each case's pair N times, the tree run first alternating, and compares
 the median of the pairs' tokens/s ratios (and the largest memory peaks), keeping every run's figure in the
-ledger; a failing case whose runs lie further apart than the bar says so. ``--time-limit`` keeps a call's
+ledger; a failing case whose runs lie further apart than the bar says so. Each run keeps what its host did
+besides it (CPU time stolen by other guests, time a runnable task waited for a CPU: ``host_load``), as the
+host-bound plan12 case moves with it. ``--time-limit`` keeps a call's
 limit from stopping the guard mid-pair, and ``--more`` adds a later call's pairs to an earlier one's. The baseline
 is the last accepted commit on this GPU model (``--last-accepted`` names it); the ledger,
 ``bench/perf_ledger.jsonl``, holds one line per accepted run: date, commit, machine kind, GPU and
@@ -115,6 +117,42 @@ def speed_change(before: dict, after: dict) -> float:
     return after["tokens_per_second"] / before["tokens_per_second"] - 1
 
 
+def host_sample() -> dict:
+    """The host's CPU counters now: all CPUs' time and the part of it a hypervisor gave to other guests
+    (``/proc/stat``'s steal, in ticks), and the microseconds in which a runnable task waited for a CPU
+    (``/proc/pressure/cpu``, ``some``; None where the kernel has no pressure accounting)."""
+    ticks = [int(n) for n in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    pressure = Path("/proc/pressure/cpu")
+    waited = None
+    if pressure.exists():
+        some = pressure.read_text().splitlines()[0]
+        waited = int(some.rsplit("total=", 1)[1])
+    return {"at": time.monotonic(), "ticks": sum(ticks[:8]), "steal": ticks[7], "waited_us": waited}
+
+
+def host_load(before: dict, after: dict) -> dict:
+    """What a run's host did besides it, between two :func:`host_sample`: the share of CPU time stolen by
+    other guests and the share of the run's time in which a runnable task waited for a CPU (ours or
+    another's). A case bound by its host's Python (plan12: the device idle over half the step) moves with
+    these; a pair whose slow run had them is the host's, not the code's."""
+    ticks = after["ticks"] - before["ticks"]
+    seconds = after["at"] - before["at"]
+    waited = None if None in (before["waited_us"], after["waited_us"]) or seconds <= 0 else \
+        round((after["waited_us"] - before["waited_us"]) / (seconds * 1e6), 4)
+    return {"host_steal_share_each": round((after["steal"] - before["steal"]) / ticks, 4) if ticks > 0 else None,
+            "cpu_waiting_share_each": waited}
+
+
+def host_range(before: dict, after: dict) -> dict:
+    """Each host figure's lowest and highest over both trees' runs of a case (none kept: absent)."""
+    ranges = {}
+    for figure in ("host_steal_share", "cpu_waiting_share"):
+        values = [v for figures in (before, after) for v in figures.get(figure + "_runs") or [] if v is not None]
+        if values:
+            ranges[figure] = (min(values), max(values))
+    return ranges
+
+
 def compare(baseline: dict | None, new: dict) -> list[dict]:
     """One row per case and figure: the baseline's value (same call), the new one, the change and whether it
     fails the guard. ``baseline`` None: the ledger's first run, nothing to hold it to. The tokens/s row also
@@ -134,6 +172,7 @@ def compare(baseline: dict | None, new: dict) -> list[dict]:
                                        spread(figures.get("tokens_per_second_runs"))) if s is not None]
                 row["spread"] = max(spreads, default=None)
                 row["pairs"] = pair_ratios(before, figures)
+                row["host"] = host_range(before, figures)
             row["fails"] = change is not None and ((figure == "tokens_per_second" and change < -SPEED_DROP)
                                                    or (figure == "peak_reserved_gib" and change > MEMORY_RISE))
             rows.append(row)
@@ -161,7 +200,11 @@ def table(rows: list[dict]) -> str:
     def note(row):
         spread = f"runs {row['spread']:.1%} apart" if row.get("spread") is not None else ""
         pairs = f"pairs {min(row['pairs']):.3f}-{max(row['pairs']):.3f}" if row.get("pairs") else ""
-        return "; ".join(filter(None, ["FAILS" if row["fails"] else "", spread, pairs]))
+        host = row.get("host") or {}
+        shares = [f"{label} {low:.1%}-{high:.1%}" for key, label in (("host_steal_share", "host CPU stolen"),
+                                                                      ("cpu_waiting_share", "waiting for a CPU"))
+                  if key in host for low, high in [host[key]]]
+        return "; ".join(filter(None, ["FAILS" if row["fails"] else "", spread, pairs, *shares]))
 
     def shown(value):
         return "-" if value is None else f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.4g}"
@@ -435,9 +478,10 @@ def run_pairs(cases: list[str], baseline: Path | None, out: Path, work: Path, re
             where = f"repeat{repeat}" if repeats > 1 or repeat else "."
             order = [("baseline", baseline), ("this", ROOT)] if baseline is not None else [("this", ROOT)]
             for name, tree in order[::-1] if repeat % 2 else order:
-                run_started = clock()
+                run_started, host = clock(), host_sample()
                 run = run_case(case, tree, out / name / where, work / name, **extra)
-                pairs[name].append({**run, "run_seconds_each": round(clock() - run_started, 1)})
+                pairs[name].append({**run, "run_seconds_each": round(clock() - run_started, 1),
+                                    **host_load(host, host_sample())})
                 shared = work / "this" / "model"  # the baseline's builder makes the checkpoint, both use it
                 if name == "baseline" and not shared.exists() and (work / "baseline" / "model").is_dir():
                     shared.parent.mkdir(parents=True, exist_ok=True)

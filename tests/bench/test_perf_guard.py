@@ -6,6 +6,7 @@ import json
 import os
 import statistics
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -359,3 +360,37 @@ def test_without_a_gpu_the_guard_says_where_to_run_it(tmp_path):
     with pytest.raises(SystemExit, match="the cases run on a CUDA GPU and this machine has none"):
         perf_guard.main(["--out", str(tmp_path / "out")])
     assert not (tmp_path / "out").exists()
+
+
+def test_each_run_keeps_what_its_host_did_besides_it_and_the_table_shows_the_range(tmp_path, monkeypatch):
+    """A host-bound case moves with its host: each run keeps the share of CPU time other guests took and the
+    share of its time a runnable task waited for a CPU, read from this machine's own counters."""
+    before, after = perf_guard.host_sample(), None
+    deadline = time.monotonic() + 0.3
+    while time.monotonic() < deadline:  # some CPU time between the two samples
+        pass
+    after = perf_guard.host_sample()
+    assert after["ticks"] > before["ticks"] and after["steal"] >= before["steal"]
+    load = perf_guard.host_load(before, after)
+    assert 0.0 <= load["host_steal_share_each"] <= 1.0
+    assert load["cpu_waiting_share_each"] is None or load["cpu_waiting_share_each"] >= 0.0
+    # 50 of 1,000 ticks stolen; 0.5 s of a 2 s run waiting for a CPU; a kernel without pressure accounting
+    sample = {"at": 10.0, "ticks": 1000, "steal": 10, "waited_us": 1_000_000}
+    assert perf_guard.host_load(sample, {"at": 12.0, "ticks": 2000, "steal": 60, "waited_us": 1_500_000}) == \
+        {"host_steal_share_each": 0.05, "cpu_waiting_share_each": 0.25}
+    assert perf_guard.host_load({**sample, "waited_us": None}, {"at": 12.0, "ticks": 2000, "steal": 10,
+                                                                "waited_us": None})["cpu_waiting_share_each"] is None
+
+    loads = iter([{"host_steal_share_each": 0.0, "cpu_waiting_share_each": 0.02},
+                  {"host_steal_share_each": 0.04, "cpu_waiting_share_each": 0.31}] * 2)
+    monkeypatch.setattr(perf_guard, "host_load", lambda before, after: next(loads))
+    monkeypatch.setattr(perf_guard, "run_case", lambda case, tree, out, work: {
+        "tokens_per_second": 100.0, "step_seconds": 1.0, "peak_allocated_gib": 1.0, "peak_reserved_gib": 1.0,
+        "step0_loss": 2.0})
+    runs = perf_guard.run_pairs(["plan12"], tmp_path / "base", tmp_path / "out", tmp_path / "work", repeats=2)
+    old, new = perf_guard.figures_over_runs(runs)
+    assert old["plan12"]["host_steal_share_runs"] == [0.0, 0.04]  # baseline first, then this tree first
+    assert new["plan12"]["cpu_waiting_share_runs"] == [0.31, 0.02]
+    (speed,) = [row for row in perf_guard.compare(old, new) if row["figure"] == "tokens_per_second"]
+    assert speed["host"] == {"host_steal_share": (0.0, 0.04), "cpu_waiting_share": (0.02, 0.31)}
+    assert "host CPU stolen 0.0%-4.0%; waiting for a CPU 2.0%-31.0%" in perf_guard.table([speed])
