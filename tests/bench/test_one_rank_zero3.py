@@ -1,0 +1,34 @@
+"""bench/one_rank_zero3.py keeps the model config's blocks at tiny widths and times a step's parts."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "bench"))
+
+import one_rank_zero3  # noqa: E402
+
+CONFIG = ROOT / "bench" / "configs" / "Qwen3.5-4B.json"
+
+
+def test_the_tiny_model_has_the_published_blocks_and_the_sample_its_video():
+    real = json.loads(CONFIG.read_text())
+    tiny = one_rank_zero3.tiny_config(real)
+    assert tiny.text_config.layer_types == real["text_config"]["layer_types"]  # 24 linear, 8 full attention
+    assert tiny.vision_config.depth == real["vision_config"]["depth"] and tiny.text_config.hidden_size == 64
+    batch = one_rank_zero3.sample()
+    video_tokens = int((batch["input_ids"] == tiny.video_token_id).sum())
+    pairs, height, width = batch["video_grid_thw"][0].tolist()
+    assert video_tokens == pairs * height * width // 4 == int((batch["mm_token_type_ids"] == 2).sum())
+    assert batch["pixel_values_videos"].shape[0] == pairs * height * width
+
+
+def test_a_plain_run_times_every_part_of_its_steps():
+    result = one_rank_zero3.run("plain", CONFIG, steps=3)
+    assert result["mode"] == "plain" and result["tokens"] == 216 and result["lora_tensors"] > 0
+    parts = result["forward"] + result["backward"] + result["optimizer"]
+    assert all(result[key] > 0 for key in ("forward", "backward", "optimizer"))
+    assert 0.5 * result["step_s"] < parts < 1.5 * result["step_s"]  # medians of parts, beside the steps' median
