@@ -67,8 +67,8 @@ MEMORY_RISE = 0.02  # peak reserved memory may grow this much
 MODEL = BENCH / "configs" / "Qwen3.5-4B.json"
 CASES = ("fixed128", "packed", "plan12")
 # Steps per train-stage run, the first not counted: one run's steps of one sample length lay 0.705-1.191 s
-# apart at 72 frames (bench/RESULTS.md, stop 53), so a median of five steps moved with the run. A run spends
-# ~70 s before its first step; ten more steps add ~10 s of it.
+# apart at 72 frames (bench/RESULTS.md, stop 53), so a median of five steps moved with the run. A run costs
+# 69-120 s, 26-35 s of it before its first step (stop 54); ten more steps add ~10 s.
 TRAIN_STEPS = 16
 PACKAGES = ("torch", "triton", "transformers", "deepspeed", "peft", "fla-core")
 clock = time.monotonic  # the time limit's and the runs' seconds (a test gives the guard a clock of its own)
@@ -201,9 +201,8 @@ def table(rows: list[dict]) -> str:
         spread = f"runs {row['spread']:.1%} apart" if row.get("spread") is not None else ""
         pairs = f"pairs {min(row['pairs']):.3f}-{max(row['pairs']):.3f}" if row.get("pairs") else ""
         host = row.get("host") or {}
-        shares = [f"{label} {low:.1%}-{high:.1%}" for key, label in (("host_steal_share", "host CPU stolen"),
-                                                                      ("cpu_waiting_share", "waiting for a CPU"))
-                  if key in host for low, high in [host[key]]]
+        labels = {"host_steal_share": "host CPU stolen", "cpu_waiting_share": "waiting for a CPU"}
+        shares = [f"{labels[key]} {low:.1%}-{high:.1%}" for key, (low, high) in host.items()]
         return "; ".join(filter(None, ["FAILS" if row["fails"] else "", spread, pairs, *shares]))
 
     def shown(value):
