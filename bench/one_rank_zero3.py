@@ -138,7 +138,8 @@ def run(mode: str, model_config: Path, steps: int) -> dict:
             optimizer.zero_grad(set_to_none=True)
         parts.append((forward - started, backward - forward, time.perf_counter() - backward))
     later = parts[2:] or parts
-    figures = {name: statistics.median(p[i] for p in later) for i, name in enumerate(("forward", "backward", "optimizer"))}
+    figures = {name: statistics.median(part[i] for part in later)
+               for i, name in enumerate(("forward", "backward", "optimizer"))}
     return {"mode": mode, "step_s": statistics.median(sum(p) for p in later), **figures,
             "tokens": int(batch["input_ids"].numel()), "lora_tensors": len(trainable), "loss": loss.item()}
 
