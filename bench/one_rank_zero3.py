@@ -11,8 +11,9 @@ blocks) at tiny widths, on one CPU thread, the train stage's pieces around it (w
 checkpointing, every language-model linear layer adapted by LoRA r 16), one video sample of 216
 tokens, trained in fp32:
 
-* ``plain``: autograd and torch's AdamW, gradients clipped to 1.0, no DeepSpeed;
-* ``zero3``: the same model built partitioned (``workflow/deepspeed/zero3.json``, one gloo rank) with
+* ``plain``: autograd and torch's AdamW, gradients clipped as the train stage clips them, no DeepSpeed;
+* ``zero3``: the same model built partitioned (``workflow/deepspeed/zero3.json`` filled by the train
+  stage's own ``setup.deepspeed_config`` as for a GPU rank, run on one gloo rank) with
   whole-block gathering, through DeepSpeed's engine (its forward, backward and step).
 
 Each mode runs in a process of its own, the modes alternating over ``--repeats``; per run the median
@@ -71,12 +72,20 @@ def sample() -> dict:
             "video_grid_thw": torch.tensor([[FRAME_PAIRS, PATCHES, PATCHES]])}
 
 
+def train_config():
+    """The train section's defaults (one sample a step, gradients clipped as the stage clips them)."""
+    from videosft import config
+
+    return config.section("train")
+
+
 def deepspeed_config() -> dict:
-    config = json.loads((ROOT / "workflow" / "deepspeed" / "zero3.json").read_text())
-    config.update(train_micro_batch_size_per_gpu=1, gradient_accumulation_steps=1, train_batch_size=1,
-                  gradient_clipping=1.0, bf16={"enabled": False}, fp16={"enabled": False},
-                  zero_allow_untested_optimizer=True)
-    return config
+    """``zero3.json`` as the train stage fills it for one rank of a GPU run (NCCL's settings: gloo's one
+    blocking gather at a time after each step is a CPU run's cost, not the GPU's this stands in for; one
+    rank gathers nothing anyway), in fp32."""
+    from videosft.training import setup
+
+    return setup.deepspeed_config(ROOT / "workflow" / "deepspeed" / "zero3.json", train_config(), 1, "fp32", "nccl")
 
 
 def build(mode: str, config):
@@ -121,7 +130,7 @@ def run(mode: str, model_config: Path, steps: int) -> dict:
         model, optimizer, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=deepspeed_config(),
                                                       model_parameters=trainable, dist_init_required=False)
     model.train()
-    batch, parts = sample(), []
+    batch, parts, clip = sample(), [], train_config().grad_clip
     for _ in range(steps):
         started = time.perf_counter()
         loss = model(**batch, use_cache=False).loss
@@ -133,7 +142,7 @@ def run(mode: str, model_config: Path, steps: int) -> dict:
         else:
             loss.backward()
             backward = time.perf_counter()
-            torch.nn.utils.clip_grad_norm_(trainable, 1.0)
+            torch.nn.utils.clip_grad_norm_(trainable, clip)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
         parts.append((forward - started, backward - forward, time.perf_counter() - backward))
