@@ -80,12 +80,14 @@ def train_config():
 
 
 def deepspeed_config() -> dict:
-    """``zero3.json`` as the train stage fills it for one rank of a GPU run (NCCL's settings: gloo's one
+    """``zero3.json`` as the train stage fills it for one rank of a GPU run under ``train.zero3_on_one_rank``
+    (without it one rank runs without ZeRO, this bench's finding; NCCL's settings: gloo's one
     blocking gather at a time after each step is a CPU run's cost, not the GPU's this stands in for; one
     rank gathers nothing anyway), in fp32."""
     from videosft.training import setup
 
-    return setup.deepspeed_config(ROOT / "workflow" / "deepspeed" / "zero3.json", train_config(), 1, "fp32", "nccl")
+    return setup.deepspeed_config(ROOT / "workflow" / "deepspeed" / "zero3.json",
+                                  train_config().replace(zero3_on_one_rank=True), 1, "fp32", "nccl")
 
 
 def build(mode: str, config):

@@ -30,7 +30,7 @@ SCHEMA_PATH = PROJECT_DIR / "workflow" / "schemas" / "config.schema.yaml"
 # train.steps keeps the probe) and what the train stage's own prediction is made from.
 MEMORY_PLAN_KEYS = ("precision", "gradient_checkpointing", "offload_activations", "uncheckpointed_layers",
                     "gather_whole_blocks", "fused_kernels", "deepspeed_config", "micro_batch_size", "pack_tokens",
-                    "sequence_parallel")
+                    "sequence_parallel", "zero3_on_one_rank")
 
 # Which config sections each stage reads. Editing a section reruns exactly these stages
 # (and, through their outputs, the stages after them).

@@ -110,13 +110,27 @@ def test_flowchart_walks_the_lecture_steps():
 
 
 def test_adapters_are_fp32_and_the_whole_model_trains_at_the_lectures_16_bytes():
-    lora = plan_peak(MODEL, SAMPLE, 10_000_000, 1, ZERO)["components_gib"]
+    lora = plan_peak(MODEL, SAMPLE, 10_000_000, 1, ZERO, zero3_on_one_rank=True)["components_gib"]
     assert lora["lora_weights_grads_adam"] * GIB == pytest.approx(10e6 * (4 + 4 + 12))  # fp32 weight and gradient
     full = plan_peak(MODEL, SAMPLE, 4_000_000_000, 1, ZERO, trainable_bytes=2 + 12)["components_gib"]
     assert (full["weights_partitioned"] + full["lora_weights_grads_adam"]) * GIB == pytest.approx(4e9 * 16)
     steps = flowchart(MODEL, SAMPLE, 10_000_000, 2, ZERO, limit_gib=12.0)
     no_checkpointing = plan_peak(MODEL, SAMPLE, 4_000_000_000, 1, ZERO, checkpointing=False, trainable_bytes=14)
     assert steps[1]["predicted_gib"] == pytest.approx(no_checkpointing["reserved_gib"])
+
+
+def test_one_rank_without_zero_plans_no_master_copy_and_no_reduce_bucket():
+    """The train stage runs one rank without ZeRO (memory.whole_on_one_rank): the optimizer steps the fp32
+    adapters themselves; fp16, an offload or train.zero3_on_one_rank keep ZeRO-3 and its terms."""
+    whole = plan_peak(MODEL, SAMPLE, 10_000_000, 1, ZERO)["components_gib"]
+    assert whole["lora_weights_grads_adam"] * GIB == pytest.approx(10e6 * (4 + 4 + 8))
+    assert whole["gradient_reduce_buffer"] == 0
+    for world, zero, options in ((1, ZERO, {"zero3_on_one_rank": True}), (1, ZERO, {"precision": "fp16"}),
+                                 (1, {**ZERO, "offload_optimizer": {"device": "cpu"}}, {}), (2, ZERO, {})):
+        kept = plan_peak(MODEL, SAMPLE, 10_000_000, world, zero, **options)["components_gib"]
+        p = 4 if options.get("precision") == "fp32" else 2
+        assert kept["lora_weights_grads_adam"] * GIB == pytest.approx(10e6 * 20 / world), (world, zero, options)
+        assert kept["gradient_reduce_buffer"] * GIB == pytest.approx((500e6 + 10e6) * p), (world, zero, options)
 
 
 def test_offloading_takes_weights_and_checkpointed_inputs_off_the_gpu():

@@ -25,6 +25,33 @@ def test_our_values_fill_the_file_and_its_precision_follows_the_device(tmp_path)
     assert ds["gradient_clipping"] == 0.5 and ds["bf16"]["enabled"] and not ds["fp16"]["enabled"]
 
 
+def test_one_rank_runs_without_zero_unless_zero3_buys_something_there(tmp_path):
+    """One rank: DeepSpeed at stage 0 in its fp32 mode (it steps only the fp32 adapters; the optimizer clips);
+    fp16's loss scaling, an offload and train.zero3_on_one_rank keep the file's ZeRO-3."""
+    ds = deepspeed_config(written(tmp_path, {"stage": 3, "reduce_bucket_size": 5}), TRAIN, world=1, precision="bf16")
+    assert ds["zero_optimization"] == {"stage": 0} and ds["train_batch_size"] == 6
+    assert not ds["bf16"]["enabled"] and not ds["fp16"]["enabled"] and ds["gradient_clipping"] == 0
+    for zero, world, precision, train in (({"stage": 3}, 2, "bf16", TRAIN), ({"stage": 3}, 1, "fp16", TRAIN),
+                                          ({"stage": 3, "offload_param": {"device": "cpu"}}, 1, "bf16", TRAIN),
+                                          ({"stage": 3}, 1, "bf16", TRAIN.replace(zero3_on_one_rank=True))):
+        kept = deepspeed_config(written(tmp_path, zero), train, world=world, precision=precision)
+        assert kept["zero_optimization"]["stage"] == 3 and kept["gradient_clipping"] == 0.5, (zero, world, precision)
+
+
+def test_the_optimizer_of_a_run_without_zero_clips_and_keeps_the_norm_before_clipping():
+    import torch
+
+    from videosft.training.setup import optimizer_and_schedule
+
+    weights = [torch.nn.Parameter(torch.zeros(2)), torch.nn.Parameter(torch.zeros(1)), torch.nn.Parameter(torch.ones(1))]
+    weights[0].grad, weights[1].grad = torch.tensor([3.0, 0.0]), torch.tensor([4.0])  # norm 5; the third has none
+    optimizer, _ = optimizer_and_schedule(weights, TRAIN.replace(lr=1.0, weight_decay=0.0), clip=True)
+    optimizer.step()
+    assert optimizer._global_grad_norm.item() == pytest.approx(5.0)
+    assert weights[0].grad.tolist() == pytest.approx([0.3, 0.0]) and weights[1].grad.item() == pytest.approx(0.4)
+    assert weights[2].item() == 1.0 and weights[0][0].item() < 0  # stepped against the clipped gradient
+
+
 def test_on_gloo_zero3_gathers_one_weight_at_a_time_unless_the_file_says(tmp_path):
     """Many asynchronous gloo all-gathers at once hung 4 CPU ranks for good (setup.deepspeed_config)."""
     assert deepspeed_config(written(tmp_path, {"stage": 3}), TRAIN, world=4, precision="fp32", backend="gloo")[

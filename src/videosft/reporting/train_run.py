@@ -22,7 +22,7 @@ MEMORY_KEYS = (  # step log key, legend, line style
 PREDICTED_KEYS = (("allocated_gib", "allocated", "-"), ("reserved_gib", "reserved", "--"))
 LOAD_LABELS = {
     "build_and_load_seconds": "train: build model + load checkpoint",
-    "load_seconds": "train: load checkpoint into ZeRO-3 partitions",
+    "load_seconds": "train: load checkpoint (into ZeRO-3 partitions on several ranks)",
     "verify_seconds": "train: compare loaded entries with the file",
 }
 CPU_NOTE = ("CPU run: RSS is the whole\nprocess (interpreter, libraries,\ntensors); the prediction is\n"

@@ -69,7 +69,8 @@ LOGIT_EXTRA_BYTES = 8
 # partitioned build, so they and their gradient partitions (in the dtype of the optimizer's first parameter)
 # are fp32 whatever the training precision; the reduce bucket is in the communication dtype, the precision's.
 ADAPTER_BYTES = 4
-# An adapter parameter, its gradient, DeepSpeed's fp32 master copy of it and Adam's two moments.
+# An adapter parameter, its gradient, DeepSpeed's fp32 master copy of it and Adam's two moments (a run
+# without ZeRO, :func:`whole_on_one_rank`, keeps no master copy: its optimizer steps the fp32 adapters).
 LORA_BYTES = 5 * ADAPTER_BYTES
 
 
@@ -176,6 +177,17 @@ def largest_block(model: ModelFacts) -> int:
     return max(model.largest_layer_parameters, model.embedding_parameters, model.lm_head_parameters)
 
 
+def whole_on_one_rank(ds_zero: dict, world: int, precision: str, zero3_on_one_rank: bool = False) -> bool:
+    """Whether the train stage runs without ZeRO (DeepSpeed stage 0, the model built whole): on one rank
+    that keeps its weights and optimizer on its GPU ZeRO-3 partitions nothing, and its fetch and release
+    hooks cost the host 0.14-0.16 s a step for no memory (bench/RESULTS.md). fp16 keeps ZeRO-3 for its
+    loss scaling; an offload in the DeepSpeed config keeps it for the memory it buys; so does
+    ``train.zero3_on_one_rank``."""
+    offloaded = any(ds_zero.get(key, {}).get("device", "none") != "none" for key in ("offload_param",
+                                                                                       "offload_optimizer"))
+    return world == 1 and precision != "fp16" and not offloaded and not zero3_on_one_rank
+
+
 def gathered_parameters(model: ModelFacts, world: int, ds_zero: dict, weights_on_host: bool,
                         whole_blocks: bool) -> int:
     """The parameters gathered whole at the peak, beside each rank's own partition."""
@@ -196,7 +208,8 @@ def gathered_parameters(model: ModelFacts, world: int, ds_zero: dict, weights_on
 def plan_peak(model: ModelFacts, sample: SampleFacts, trainable: int, world: int, ds_zero: dict,
               precision: str = "bf16", sliced_logits: bool = True, checkpointing: bool = True,
               kernels: str | None = None, offload_activations: bool = False, whole_blocks: bool = False,
-              sequence_parallel: int = 1, uncheckpointed_layers: int = 0, trainable_bytes: int = LORA_BYTES) -> dict:
+              sequence_parallel: int = 1, uncheckpointed_layers: int = 0, trainable_bytes: int | None = None,
+              zero3_on_one_rank: bool = False) -> dict:
     """Predicted peak bytes per rank, by component (``kernels``: a key of ``COEFFICIENTS``, the
     kernel set the run uses; None: as :func:`planned_kernels` says). ``ds_zero["offload_param"]``
     on the host takes the weights' partition off the GPU; ``offload_activations`` the checkpointed layer inputs
@@ -208,8 +221,12 @@ def plan_peak(model: ModelFacts, sample: SampleFacts, trainable: int, world: int
     the whole world; its attention runs on every token for 1/n of the heads, as many bytes as its slice of all
     heads, and the all-to-alls hold a send and a receive copy of one layer's query, key and value slice. The
     supervised logits are planned whole on one rank (the answer follows the video, on the last).
-    ``trainable_bytes``: per trainable parameter beside the base weights (default: an adapter's, :data:`LORA_BYTES`)."""
+    ``trainable_bytes``: per trainable parameter beside the base weights (default: an adapter's, :data:`LORA_BYTES`,
+    less the master copy a run without ZeRO does not keep)."""
     kernels = kernels or planned_kernels()
+    zero = not whole_on_one_rank(ds_zero, world, precision, zero3_on_one_rank)
+    if trainable_bytes is None:
+        trainable_bytes = LORA_BYTES if zero else LORA_BYTES - ADAPTER_BYTES
     backward_over_forward, reserved_over_allocated = COEFFICIENTS[kernels]
     p = precision_bytes(precision)
     reduce_bucket = int(ds_zero.get("reduce_bucket_size", 5e8))
@@ -241,8 +258,8 @@ def plan_peak(model: ModelFacts, sample: SampleFacts, trainable: int, world: int
         "offload_staging": largest_block(model) * p / world if weights_on_host else 0,
         "lora_weights_grads_adam": trainable * trainable_bytes / world,
         # with contiguous_gradients DeepSpeed allocates a whole reduce bucket up front (stage3.py, "IPG")
-        "gradient_reduce_buffer": (reduce_bucket if ds_zero.get("contiguous_gradients", True) else 0) * p
-        + min(reduce_bucket, trainable) * p,
+        "gradient_reduce_buffer": ((reduce_bucket if ds_zero.get("contiguous_gradients", True) else 0) * p
+                                   + min(reduce_bucket, trainable) * p) if zero else 0,
         "activations_checkpointed_layers": activations,
         "embeddings_in_and_out": 2 * tokens * model.hidden * p,
         "logits": logit_positions * model.vocab * (p + LOGIT_EXTRA_BYTES),
@@ -345,6 +362,7 @@ class PlanOptions:
     micro_batch_size: int
     pack_tokens: int | None
     sequence_parallel: int = 1
+    zero3_on_one_rank: bool = False
 
     @classmethod
     def of(cls, train_cfg, precision: str | None = None, kernels: str | None = None) -> "PlanOptions":
@@ -354,7 +372,8 @@ class PlanOptions:
         return cls(precision, train_cfg.gradient_checkpointing, train_cfg.offload_activations,
                    train_cfg.uncheckpointed_layers, train_cfg.gather_whole_blocks,
                    kernels or planned_kernels(train_cfg.fused_kernels),
-                   train_cfg.micro_batch_size, train_cfg.pack_tokens or None, train_cfg.sequence_parallel)
+                   train_cfg.micro_batch_size, train_cfg.pack_tokens or None, train_cfg.sequence_parallel,
+                   train_cfg.zero3_on_one_rank)
 
     @property
     def peak(self) -> dict:
@@ -362,7 +381,7 @@ class PlanOptions:
         return {"precision": self.precision, "checkpointing": self.checkpointing, "kernels": self.kernels,
                 "offload_activations": self.offload_activations, "whole_blocks": self.whole_blocks,
                 "uncheckpointed_layers": self.uncheckpointed_layers,
-                "sequence_parallel": self.sequence_parallel}
+                "sequence_parallel": self.sequence_parallel, "zero3_on_one_rank": self.zero3_on_one_rank}
 
     @property
     def batching(self) -> dict:

@@ -17,6 +17,7 @@ from ..errors import ConfigError
 from ..models.checkpoint import model_class
 from ..models.families import family_of
 from ..models.lora import target_module_names
+from .memory import whole_on_one_rank
 
 
 SHM_COMM_OP = "deepspeed_shm_comm"  # DeepSpeed's name for its CPU shared-memory collectives op
@@ -103,7 +104,13 @@ def deepspeed_config(path: Path, train_cfg: View, world: int, precision: str, ba
     if ds["zero_optimization"].get("offload_param", {}).get("device") == "nvme":
         raise ConfigError(f"{path}: offload_param to nvme is not supported (the loader writes each rank's partition "
                           "in place, in device or host memory); use \"device\": \"cpu\"")
-    if backend == "gloo":
+    if whole_on_one_rank(ds["zero_optimization"], world, precision, train_cfg.zero3_on_one_rank):
+        # DeepSpeed steps only the adapters, which are fp32 (memory.ADAPTER_BYTES), so in its fp32 mode it casts
+        # nothing and keeps no master copy; the optimizer clips (clipped_adamw) and keeps the norm for the log
+        ds["zero_optimization"] = {"stage": 0}
+        ds["bf16"]["enabled"] = ds["fp16"]["enabled"] = False
+        ds["gradient_clipping"] = 0.0
+    elif backend == "gloo":
         # ZeRO-3 gathers the small persistent weights after each step as one asynchronous all-gather per
         # weight; on gloo that many in flight at once can leave every rank waiting in those gathers for
         # good, past the process-group timeout, while two ranks' gloo threads spin at 100% CPU (seen
@@ -176,6 +183,29 @@ def check_packing(train_cfg: View) -> None:
         raise ConfigError("train.pack_tokens with train.tail: error: the number of packs changes from epoch to epoch, "
                           "so whether it divides into the ranks cannot be promised before training; set train.tail "
                           "to pad or drop (applied to whole packs)")
+
+
+def runs_whole(ds_config: dict) -> bool:
+    """Whether a run's DeepSpeed config (:func:`deepspeed_config`'s) builds the model whole, without ZeRO."""
+    return ds_config["zero_optimization"]["stage"] == 0
+
+
+def build_model(model_dir: Path, ds_config: dict, device, precision: str):
+    """The model to load the checkpoint into: whole on ``device`` in ``precision`` for a run without ZeRO,
+    else partitioned as it is built (:func:`build_partitioned_model`). Returns it and an object to keep
+    referenced while the model is used."""
+    import torch
+    from transformers import AutoConfig
+
+    if not runs_whole(ds_config):
+        return build_partitioned_model(model_dir, ds_config)
+    config = AutoConfig.from_pretrained(model_dir)
+    cls = model_class(config)
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[precision]
+    print("one rank: the model is built whole and DeepSpeed runs without ZeRO (ZeRO-3 would partition nothing; "
+          "an offload in train.deepspeed_config keeps it)", flush=True)
+    with torch.device(device):
+        return cls._from_config(config, dtype=dtype), None
 
 
 def build_partitioned_model(model_dir: Path, ds_config: dict):
@@ -280,9 +310,28 @@ def lr_lambda(train_cfg: View):
     return factor
 
 
-def optimizer_and_schedule(parameters: list, train_cfg: View):
-    """torch's AdamW over the trainable parameters and the learning-rate schedule around it."""
+def optimizer_and_schedule(parameters: list, train_cfg: View, clip: bool = False):
+    """torch's AdamW over the trainable parameters and the learning-rate schedule around it; with ``clip``
+    (a run without ZeRO) the optimizer clips the gradients itself (:func:`clipped_adamw`)."""
     import torch
 
-    optimizer = torch.optim.AdamW(parameters, lr=train_cfg.lr, weight_decay=train_cfg.weight_decay)
+    if clip:
+        optimizer = clipped_adamw(parameters, train_cfg)
+    else:
+        optimizer = torch.optim.AdamW(parameters, lr=train_cfg.lr, weight_decay=train_cfg.weight_decay)
     return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(train_cfg))
+
+
+def clipped_adamw(parameters: list, train_cfg: View):
+    """AdamW that first clips the gradients to a global norm of ``train.grad_clip`` (none: 0) and keeps the
+    norm before clipping where DeepSpeed's engine reads it for the step log, as its ZeRO optimizer does:
+    DeepSpeed's own clipping without ZeRO in fp32 keeps no norm."""
+    import torch
+
+    class ClippedAdamW(torch.optim.AdamW):
+        def step(self, closure=None):
+            with_grads = [p for group in self.param_groups for p in group["params"] if p.grad is not None]
+            self._global_grad_norm = torch.nn.utils.clip_grad_norm_(with_grads, train_cfg.grad_clip or math.inf)
+            return super().step(closure)
+
+    return ClippedAdamW(parameters, lr=train_cfg.lr, weight_decay=train_cfg.weight_decay)
