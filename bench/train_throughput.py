@@ -15,7 +15,9 @@ Trainers (``--trainers``):
   and the issue's tuned ZeRO-3 settings (overlap_comm, 5e8 reduce bucket, 5e7 prefetch,
   persistence threshold 1e6) over the field notes' config; full-sequence logits.
 * ``ours``: `python -m videosft.stages.train` as the pipeline runs it (default DeepSpeed config, fla
-  kernels only after the stage's own check against the torch implementation). ``ours-conservative``:
+  kernels only after the stage's own check against the torch implementation; on one GPU without ZeRO,
+  as the stage runs one rank). ``ours-zero3``: on one GPU under ZeRO-3 all the same
+  (``train.zero3_on_one_rank``). ``ours-conservative``:
   the same with the field notes' config (pinned; today's default differs only in
   `memory_efficient_linear: false`); ``ours-tuned``: with `workflow/deepspeed/zero3_tuned.json`;
   ``ours-replicated``: the tuned config with every parameter persistent (no ZeRO-3 gathers; weights
@@ -198,6 +200,7 @@ TRAINERS = {
                                                                       "stage3_max_live_parameters": 300_000_000}},
     # train.uncheckpointed_layers: the last 8 decoder layers keep their activations (about 1 GiB each at 128 frames)
     "ours-uncheckpointed8": {"kind": "ours", "base": DEFAULT, "zero": {}, "train": {"uncheckpointed_layers": 8}},
+    "ours-zero3": {"kind": "ours", "base": DEFAULT, "zero": {}, "train": {"zero3_on_one_rank": True}},
     # train.sequence_parallel: each sample shared by 2 or 4 ranks (--gpus a multiple of it)
     "ours-sp2": {"kind": "ours", "base": DEFAULT, "zero": {}, "train": {"sequence_parallel": 2}},
     "ours-sp4": {"kind": "ours", "base": DEFAULT, "zero": {}, "train": {"sequence_parallel": 4}},

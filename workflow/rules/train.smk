@@ -1,5 +1,5 @@
 rule train:
-    """LoRA under DeepSpeed ZeRO-3, one process per device (resource nproc per node, 2 by default;
+    """LoRA under DeepSpeed ZeRO-3 (one rank: without ZeRO), one process per device (resource nproc per node, 2 by default;
     resource nodes > 1 launches through Slurm's srun, one torchrun agent per node)."""
     input:
         samples=rules.preprocess.output.manifest,

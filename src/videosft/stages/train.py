@@ -1,4 +1,4 @@
-"""Stage 4, train: LoRA fine-tuning under DeepSpeed ZeRO-3, one process per device.
+"""Stage 4, train: LoRA fine-tuning under DeepSpeed ZeRO-3 (one rank: without ZeRO), one process per device.
 
     torchrun --nproc_per_node 2 -m videosft.stages.train --config config.yaml \\
         --samples results/preprocess/manifest.json --probe results/probe/probe.json --out results/train

@@ -10,7 +10,8 @@ activations that grow with the sample), extended to ZeRO-3, LoRA and video:
   a whole decoder layer;
 * LoRA: weights and gradients in fp32 whatever the training precision (:data:`ADAPTER_BYTES` says why),
   DeepSpeed's fp32 master copy and Adam's two moments: 20 bytes per trainable parameter, partitioned,
-  plus the gradient reduce buffer;
+  plus the gradient reduce buffer; on one rank, which trains without ZeRO (:func:`whole_on_one_rank`),
+  16 bytes and no reduce buffer;
 * activations of the longest sample: the checkpointed input of every decoder layer, one layer's
   forward + backward working set during recomputation, the logits (only at supervised positions
   when the trainer slices them, else every position), and the vision tower's forward under

@@ -1,5 +1,6 @@
-"""Setting up a model for LoRA training under DeepSpeed ZeRO-3: precision, the DeepSpeed config, the
-partitioned build, gradient checkpointing, whole-block gathering, LoRA, optimizer and schedule.
+"""Setting up a model for LoRA training under DeepSpeed ZeRO-3 (on one rank without ZeRO): precision, the
+DeepSpeed config, the partitioned (or whole) build, gradient checkpointing, whole-block gathering, LoRA,
+optimizer and schedule.
 
 The pieces the train stage puts together in :func:`videosft.stages.train.build_engine`; benchmarks
 and tests build their models with the same functions.
