@@ -45,7 +45,7 @@ def test_the_optimizer_of_a_run_without_zero_clips_and_keeps_the_norm_before_cli
 
     weights = [torch.nn.Parameter(torch.zeros(2)), torch.nn.Parameter(torch.zeros(1)), torch.nn.Parameter(torch.ones(1))]
     weights[0].grad, weights[1].grad = torch.tensor([3.0, 0.0]), torch.tensor([4.0])  # norm 5; the third has none
-    optimizer, _ = optimizer_and_schedule(weights, TRAIN.replace(lr=1.0, weight_decay=0.0), clip=True)
+    optimizer, _ = optimizer_and_schedule(weights, TRAIN.replace(lr=1.0, weight_decay=0.0), {"zero_optimization": {"stage": 0}})
     optimizer.step()
     assert optimizer._global_grad_norm.item() == pytest.approx(5.0)
     assert weights[0].grad.tolist() == pytest.approx([0.3, 0.0]) and weights[1].grad.item() == pytest.approx(0.4)

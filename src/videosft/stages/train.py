@@ -165,7 +165,6 @@ def build_engine(run: Run) -> Built:
     longest = run.pack_tokens or max(entry.input_tokens for entry in run.index)  # fla's kernels see a whole pack
     chosen = selection.before_build(build_meta_model(model_dir), run.device, longest, run.autotune_table())
     started = time.perf_counter()
-    whole = setup.runs_whole(run.ds_config)
     model, _keep_alive = setup.build_model(model_dir, run.ds_config, run.device, run.precision)
     load = load_checkpoint(model, model_dir, run.probe["key_map"])
     load["build_and_load_seconds"] = time.perf_counter() - started
@@ -176,12 +175,12 @@ def build_engine(run: Run) -> Built:
     if train_cfg.gradient_checkpointing:
         setup.enable_checkpointing(model, offload=train_cfg.offload_activations, pin_memory=run.device.type == "cuda",
                                    uncheckpointed_layers=train_cfg.uncheckpointed_layers)
-    leaf_blocks = setup.gather_whole_blocks(model) if train_cfg.gather_whole_blocks and not whole else []
+    leaf_blocks = setup.gather_whole_blocks(model, run.ds_config) if train_cfg.gather_whole_blocks else []
     model, targets = setup.add_lora(model, run.cfg.lora, train_cfg.seed)
     if run.sequence:
         kernels["sequence_parallel"] = {"size": run.sequence.n, **ulysses.bind(model)}
     trainable = [p for _, p in lora_parameters(model)]
-    optimizer, scheduler = setup.optimizer_and_schedule(trainable, train_cfg, clip=whole)
+    optimizer, scheduler = setup.optimizer_and_schedule(trainable, train_cfg, run.ds_config)
     engine, optimizer, _, scheduler = deepspeed.initialize(
         model=model, optimizer=optimizer, lr_scheduler=scheduler, config=run.ds_config,
         model_parameters=trainable, dist_init_required=False)

@@ -206,6 +206,22 @@ def gathered_parameters(model: ModelFacts, world: int, ds_zero: dict, weights_on
     return min(max_live, largest_block(model) + prefetch)  # the live limit caps per-module gathering
 
 
+def trained_state(trainable: int, world: int, ds_zero: dict, precision: str, zero3_on_one_rank: bool,
+                  trainable_bytes: int | None) -> dict:
+    """The bytes per rank of what trains (:func:`plan_peak`'s options): its weights, gradients and
+    optimizer states, and under ZeRO the gradient reduce buffer."""
+    zero = not whole_on_one_rank(ds_zero, world, precision, zero3_on_one_rank)
+    if trainable_bytes is None:
+        trainable_bytes = LORA_BYTES if zero else LORA_BYTES - ADAPTER_BYTES
+    p = precision_bytes(precision)
+    reduce_bucket = int(ds_zero.get("reduce_bucket_size", 5e8))
+    # with contiguous_gradients DeepSpeed allocates a whole reduce bucket up front (stage3.py, "IPG")
+    reduce_buffer = (reduce_bucket if ds_zero.get("contiguous_gradients", True) else 0) * p + \
+        min(reduce_bucket, trainable) * p
+    return {"lora_weights_grads_adam": trainable * trainable_bytes / world,
+            "gradient_reduce_buffer": reduce_buffer if zero else 0}
+
+
 def plan_peak(model: ModelFacts, sample: SampleFacts, trainable: int, world: int, ds_zero: dict,
               precision: str = "bf16", sliced_logits: bool = True, checkpointing: bool = True,
               kernels: str | None = None, offload_activations: bool = False, whole_blocks: bool = False,
@@ -225,12 +241,8 @@ def plan_peak(model: ModelFacts, sample: SampleFacts, trainable: int, world: int
     ``trainable_bytes``: per trainable parameter beside the base weights (default: an adapter's, :data:`LORA_BYTES`,
     less the master copy a run without ZeRO does not keep)."""
     kernels = kernels or planned_kernels()
-    zero = not whole_on_one_rank(ds_zero, world, precision, zero3_on_one_rank)
-    if trainable_bytes is None:
-        trainable_bytes = LORA_BYTES if zero else LORA_BYTES - ADAPTER_BYTES
     backward_over_forward, reserved_over_allocated = COEFFICIENTS[kernels]
     p = precision_bytes(precision)
-    reduce_bucket = int(ds_zero.get("reduce_bucket_size", 5e8))
     n = sequence_parallel
     pair_visual = sample.visual_tokens / max(1, sample.frames // 2)  # a rank's share may be one pair over 1/n
     tokens = sample.input_tokens / n + pair_visual + sample.text_per_pair if n > 1 else sample.input_tokens
@@ -257,10 +269,7 @@ def plan_peak(model: ModelFacts, sample: SampleFacts, trainable: int, world: int
         # for the all-gather (the largest: the embedding); fits the two measured offload peaks
         # (bench/RESULTS.md) within 8%, where without it they were 8% and 20% low
         "offload_staging": largest_block(model) * p / world if weights_on_host else 0,
-        "lora_weights_grads_adam": trainable * trainable_bytes / world,
-        # with contiguous_gradients DeepSpeed allocates a whole reduce bucket up front (stage3.py, "IPG")
-        "gradient_reduce_buffer": ((reduce_bucket if ds_zero.get("contiguous_gradients", True) else 0) * p
-                                   + min(reduce_bucket, trainable) * p) if zero else 0,
+        **trained_state(trainable, world, ds_zero, precision, zero3_on_one_rank, trainable_bytes),
         "activations_checkpointed_layers": activations,
         "embeddings_in_and_out": 2 * tokens * model.hidden * p,
         "logits": logit_positions * model.vocab * (p + LOGIT_EXTRA_BYTES),

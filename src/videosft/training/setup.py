@@ -279,8 +279,9 @@ def _checkpoint_inputs_on_host(checkpoint, pin_memory: bool, function, *args, **
         return checkpoint(function, *args, **kwargs)
 
 
-def gather_whole_blocks(model) -> list[str]:
-    """Mark the model's no-split blocks (decoder layers, vision blocks) as ZeRO-3 leaf modules.
+def gather_whole_blocks(model, ds_config: dict | None = None) -> list[str]:
+    """Mark the model's no-split blocks (decoder layers, vision blocks) as ZeRO-3 leaf modules; none
+    where ``ds_config`` runs without ZeRO (:func:`runs_whole`), which gathers nothing.
 
     ZeRO-3 then fetches a block's weights in one gather when the block starts and releases them when
     it ends, instead of running its fetch / release hooks around every linear layer and norm inside
@@ -288,6 +289,8 @@ def gather_whole_blocks(model) -> list[str]:
     (forward, recomputation, backward). Returns the block class names."""
     from deepspeed.utils import set_z3_leaf_modules
 
+    if ds_config is not None and runs_whole(ds_config):
+        return []
     wanted = set(getattr(model, "_no_split_modules", None) or [])
     classes = sorted({type(module) for module in model.modules() if type(module).__name__ in wanted},
                      key=lambda cls: cls.__name__)
@@ -311,12 +314,13 @@ def lr_lambda(train_cfg: View):
     return factor
 
 
-def optimizer_and_schedule(parameters: list, train_cfg: View, clip: bool = False):
-    """torch's AdamW over the trainable parameters and the learning-rate schedule around it; with ``clip``
-    (a run without ZeRO) the optimizer clips the gradients itself (:func:`clipped_adamw`)."""
+def optimizer_and_schedule(parameters: list, train_cfg: View, ds_config: dict | None = None):
+    """torch's AdamW over the trainable parameters and the learning-rate schedule around it; where
+    ``ds_config`` runs without ZeRO (:func:`runs_whole`) the optimizer clips the gradients itself
+    (:func:`clipped_adamw`)."""
     import torch
 
-    if clip:
+    if ds_config is not None and runs_whole(ds_config):
         optimizer = clipped_adamw(parameters, train_cfg)
     else:
         optimizer = torch.optim.AdamW(parameters, lr=train_cfg.lr, weight_decay=train_cfg.weight_decay)
