@@ -244,8 +244,10 @@ def test_the_loader_writes_into_the_existing_parameters(demo_dir):
             assert torch.equal(state[key_map[key]["parameter"]], tensor), key
 
 
-def test_the_probe_plans_memory_for_the_longest_sample(prepared, demo_config):
-    result = read_probe(prepared / "probe" / PROBE_JSON)
+def test_the_probe_plans_memory_for_the_longest_sample(prepared, demo_config, tmp_path, capsys):
+    assert probe.main(["--config", stage_json("probe", demo_config), "--samples",
+                       str(prepared / "preprocess" / "manifest.json"), "--out", str(tmp_path)]) == 0
+    result = read_probe(tmp_path / PROBE_JSON)
     plan = result["memory"]
     assert plan["longest_sample"]["input_tokens"] == 227  # the demo's longest window (blocks layout)
     assert set(plan["per_world_size"]) == {"1", "2", "4"}
@@ -254,6 +256,10 @@ def test_the_probe_plans_memory_for_the_longest_sample(prepared, demo_config):
     # one rank trains without ZeRO (memory.whole_on_one_rank): no reduce bucket, the tiny model's largest term
     assert worlds["1"]["gradient_reduce_buffer"] == 0 < worlds["2"]["gradient_reduce_buffer"]
     assert all(plan["per_world_size"][world]["reserved_gib"] > 0 for world in worlds)
+    assert [plan["per_world_size"][world]["without_zero"] for world in worlds] == [True, False, False]
+    shown = [line for line in capsys.readouterr().out.splitlines() if line.startswith("memory plan, ")]
+    assert shown[0].startswith("memory plan, 1 GPU(s) (without ZeRO: it would partition nothing): ")
+    assert shown[1].startswith("memory plan, 2 GPU(s): ")
     assert [step["question"] for step in plan["flowchart"]][0] == "mixed precision?"
 
 

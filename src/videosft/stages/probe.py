@@ -111,6 +111,7 @@ def print_summary(result: dict) -> None:
         for world, peak in plan["per_world_size"].items():
             shared = f" sharing each micro-batch in groups of {plan['sequence_parallel']}" \
                 if plan.get("sequence_parallel", 1) > 1 else ""
+            shared += " (without ZeRO: it would partition nothing)" if peak.get("without_zero") else ""
             print(f"memory plan, {world} GPU(s){shared}: {peak['reserved_gib']:.2f} GiB reserved per GPU "
                   f"({peak['allocated_gib']:.2f} allocated) for the largest micro-batch "
                   f"({micro_batch_words(plan)}); at most "

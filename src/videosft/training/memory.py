@@ -435,6 +435,7 @@ def planned_world(model: ModelFacts, sample: SampleFacts, batch: SampleFacts, tr
                                                         **options.peak, **options.batching)
     peak["most_uncheckpointed_layers_under_limit"] = most_uncheckpointed_layers(
         model, batch, trainable, world, ds_zero, limit_gib, **options.peak)
+    peak["without_zero"] = whole_on_one_rank(ds_zero, world, options.precision, options.zero3_on_one_rank)
     return peak
 
 

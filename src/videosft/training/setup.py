@@ -101,7 +101,8 @@ def deepspeed_config(path: Path, train_cfg: View, world: int, precision: str, ba
     ds["fp16"] = {**ds.get("fp16", {}), "enabled": precision == "fp16"}
     ds["zero_allow_untested_optimizer"] = True  # we bring torch's AdamW
     if ds.get("zero_optimization", {}).get("stage") != 3:
-        raise ConfigError(f"{path}: zero_optimization.stage must be 3")
+        raise ConfigError(f"{path}: zero_optimization.stage must be 3 (on one rank the train stage runs without "
+                          "ZeRO by itself, unless train.zero3_on_one_rank is true)")
     if ds["zero_optimization"].get("offload_param", {}).get("device") == "nvme":
         raise ConfigError(f"{path}: offload_param to nvme is not supported (the loader writes each rank's partition "
                           "in place, in device or host memory); use \"device\": \"cpu\"")
