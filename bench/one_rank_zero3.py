@@ -12,9 +12,12 @@ checkpointing, every language-model linear layer adapted by LoRA r 16), one vide
 tokens, trained in fp32:
 
 * ``plain``: autograd and torch's AdamW, gradients clipped as the train stage clips them, no DeepSpeed;
+* ``stage0``: how the train stage runs one rank since this bench's first finding: the same model, whole,
+  through DeepSpeed's engine at stage 0 as ``setup.deepspeed_config`` fills it for one rank, with the
+  stage's clipping optimizer (``setup.clipped_adamw``): what DeepSpeed's engine still costs there;
 * ``zero3``: the same model built partitioned (``workflow/deepspeed/zero3.json`` filled by the train
-  stage's own ``setup.deepspeed_config`` as for a GPU rank, run on one gloo rank) with
-  whole-block gathering, through DeepSpeed's engine (its forward, backward and step).
+  stage's own ``setup.deepspeed_config`` as for a GPU rank under ``train.zero3_on_one_rank``, run on one
+  gloo rank) with whole-block gathering, through DeepSpeed's engine (its forward, backward and step).
 
 Each mode runs in a process of its own, the modes alternating over ``--repeats``; per run the median
 step (after the first two) and its forward, backward and optimizer parts. The compute is the same in
@@ -34,7 +37,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-MODES = ("plain", "zero3")
+MODES = ("plain", "stage0", "zero3")
 FRAME_PAIRS, PATCHES = 8, 8  # the sample's video: 8 frame pairs of 8 x 8 patches, 16 merged tokens each
 
 
@@ -79,15 +82,15 @@ def train_config():
     return config.section("train")
 
 
-def deepspeed_config() -> dict:
-    """``zero3.json`` as the train stage fills it for one rank of a GPU run under ``train.zero3_on_one_rank``
-    (without it one rank runs without ZeRO, this bench's finding; NCCL's settings: gloo's one
-    blocking gather at a time after each step is a CPU run's cost, not the GPU's this stands in for; one
-    rank gathers nothing anyway), in fp32."""
+def deepspeed_config(mode: str) -> dict:
+    """``zero3.json`` as the train stage fills it for one rank of a GPU run, in fp32: without ZeRO
+    (``stage0``) or under ``train.zero3_on_one_rank`` (``zero3``; NCCL's settings: gloo's one blocking
+    gather at a time after each step is a CPU run's cost, not the GPU's this stands in for; one rank
+    gathers nothing anyway)."""
     from videosft.training import setup
 
     return setup.deepspeed_config(ROOT / "workflow" / "deepspeed" / "zero3.json",
-                                  train_config().replace(zero3_on_one_rank=True), 1, "fp32", "nccl")
+                                  train_config().replace(zero3_on_one_rank=mode == "zero3"), 1, "fp32", "nccl")
 
 
 def build(mode: str, config):
@@ -105,7 +108,7 @@ def build(mode: str, config):
     if mode == "zero3":
         from transformers.integrations import HfDeepSpeedConfig
 
-        keep_alive = HfDeepSpeedConfig(deepspeed_config())  # transformers builds inside zero.Init while it lives
+        keep_alive = HfDeepSpeedConfig(deepspeed_config(mode))  # transformers builds inside zero.Init while it lives
         model = Qwen3_5ForConditionalGeneration._from_config(config)
     else:
         model = Qwen3_5ForConditionalGeneration(config)
@@ -123,13 +126,19 @@ def run(mode: str, model_config: Path, steps: int) -> dict:
     """One mode's steps in this process: per step its forward, backward and optimizer seconds."""
     import torch
 
+    from videosft.training import setup
+
     torch.set_num_threads(1)
+    engine = mode in ("stage0", "zero3")
+    if engine:
+        setup.init_distributed(seed=0, timeout_s=600)  # one gloo rank, as the train stage starts it on a CPU
     model, trainable, _keep_alive = build(mode, tiny_config(json.loads(model_config.read_text())))
-    optimizer = torch.optim.AdamW(trainable, lr=1e-4)
-    if mode == "zero3":
+    optimizer = setup.clipped_adamw(trainable, train_config()) if mode == "stage0" else \
+        torch.optim.AdamW(trainable, lr=1e-4)
+    if engine:
         import deepspeed
 
-        model, optimizer, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=deepspeed_config(),
+        model, optimizer, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=deepspeed_config(mode),
                                                       model_parameters=trainable, dist_init_required=False)
     model.train()
     batch, parts, clip = sample(), [], train_config().grad_clip
@@ -137,7 +146,7 @@ def run(mode: str, model_config: Path, steps: int) -> dict:
         started = time.perf_counter()
         loss = model(**batch, use_cache=False).loss
         forward = time.perf_counter()
-        if mode == "zero3":
+        if engine:
             model.backward(loss)
             backward = time.perf_counter()
             model.step()
@@ -152,11 +161,13 @@ def run(mode: str, model_config: Path, steps: int) -> dict:
     figures = {name: statistics.median(part[i] for part in later)
                for i, name in enumerate(("forward", "backward", "optimizer"))}
     return {"mode": mode, "step_s": statistics.median(sum(p) for p in later), **figures,
-            "tokens": int(batch["input_ids"].numel()), "lora_tensors": len(trainable), "loss": loss.item()}
+            "tokens": int(batch["input_ids"].numel()), "lora_tensors": len(trainable), "loss": loss.item(),
+            "zero_stage": model.zero_optimization_stage() if engine else None}
 
 
 def in_process(mode: str, model_config: Path, steps: int) -> dict:
-    """``run`` in a fresh process (one gloo rank of its own for zero3), its result read from its last line."""
+    """``run`` in a fresh process (one gloo rank of its own for DeepSpeed's modes), its result read from its last
+    line."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "src"), os.environ.get("PYTHONPATH")])),
            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(29500 + os.getpid() % 500), "RANK": "0", "WORLD_SIZE": "1",
            "LOCAL_RANK": "0", "OMP_NUM_THREADS": "1"}

@@ -6,6 +6,8 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "bench"))
 
@@ -32,3 +34,12 @@ def test_a_plain_run_times_every_part_of_its_steps():
     parts = result["forward"] + result["backward"] + result["optimizer"]
     assert all(result[key] > 0 for key in ("forward", "backward", "optimizer"))
     assert 0.5 * result["step_s"] < parts < 1.5 * result["step_s"]  # medians of parts, beside the steps' median
+
+
+@pytest.mark.slow  # two processes, ~20 s
+def test_the_deepspeed_modes_run_the_train_stages_two_one_rank_setups():
+    """stage0 is the train stage's one-rank run (DeepSpeed without ZeRO, the stage's clipping optimizer),
+    zero3 its run under train.zero3_on_one_rank: each in a process of its own, one gloo rank."""
+    runs = {mode: one_rank_zero3.in_process(mode, CONFIG, steps=3) for mode in ("stage0", "zero3")}
+    assert {mode: run["zero_stage"] for mode, run in runs.items()} == {"stage0": 0, "zero3": 3}
+    assert all(run["step_s"] > 0 and run["lora_tensors"] == runs["stage0"]["lora_tensors"] for run in runs.values())
