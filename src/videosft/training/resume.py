@@ -35,7 +35,7 @@ def save_training_state(engine, checkpoints: Path, step: int, cursor: Cursor, ra
     import torch.distributed as torch_dist
 
     tag = f"step-{step + 1}"
-    with trainable_state_only(engine.module, saves_trainable_only(engine)):
+    with trainable_state_only(engine.module) if saves_trainable_only(engine) else contextlib.nullcontext():
         engine.save_checkpoint(str(checkpoints), tag=tag, client_state={"next_step": step + 1}, save_latest=False)
     write_json(checkpoints / tag / f"position.rank{rank}.json", {"cursor": dataclasses.asdict(cursor),
                                                                  "rng": rng_state()})
@@ -70,13 +70,10 @@ def saves_trainable_only(engine) -> bool:
 
 
 @contextlib.contextmanager
-def trainable_state_only(model, enabled: bool = True):
+def trainable_state_only(model):
     """``model.state_dict()`` without the frozen parameters while inside. DeepSpeed's own
     ``exclude_frozen_parameters`` drops them by their first names only, so a tied one (the LM head of
     Qwen3.5-4B: its embedding, 1.2 GiB in bf16) would stay under its other name."""
-    if not enabled:
-        yield
-        return
     frozen = {name for name, p in model.named_parameters(remove_duplicate=False) if not p.requires_grad}
 
     def drop_frozen(module, state_dict, prefix, local_metadata):

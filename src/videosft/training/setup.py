@@ -91,7 +91,8 @@ def cap_device_memory(gib: float | None, device) -> None:
 
 def deepspeed_config(path: Path, train_cfg: View, world: int, precision: str, backend: str = "nccl") -> dict:
     """The DeepSpeed config file with its "auto" values filled from our config, for the collectives of
-    ``backend``."""
+    ``backend``; on one rank that ZeRO-3 would not partition (:func:`memory.whole_on_one_rank`), DeepSpeed
+    without ZeRO."""
     ds = json.loads(Path(path).read_text())
     ds["train_micro_batch_size_per_gpu"] = train_cfg.micro_batch_size
     ds["gradient_accumulation_steps"] = train_cfg.grad_accum
@@ -205,7 +206,7 @@ def build_model(model_dir: Path, ds_config: dict, device, precision: str):
     cls = model_class(config)
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[precision]
     print("one rank: the model is built whole and DeepSpeed runs without ZeRO (ZeRO-3 would partition nothing; "
-          "an offload in train.deepspeed_config keeps it)", flush=True)
+          "train.zero3_on_one_rank: true or an offload in train.deepspeed_config keeps it)", flush=True)
     with torch.device(device):
         return cls._from_config(config, dtype=dtype), None
 
