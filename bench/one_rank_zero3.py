@@ -11,7 +11,7 @@ blocks) at tiny widths, on one CPU thread, the train stage's pieces around it (w
 checkpointing, every language-model linear layer adapted by LoRA r 16), one video sample of 216
 tokens, trained in fp32:
 
-* ``plain``: autograd and torch's AdamW, gradients clipped as the train stage clips them, no DeepSpeed;
+* ``plain``: autograd and the train stage's clipping AdamW (``setup.clipped_adamw``), no DeepSpeed;
 * ``stage0``: how the train stage runs one rank since this bench's first finding: the same model, whole,
   through DeepSpeed's engine at stage 0 as ``setup.deepspeed_config`` fills it for one rank, with the
   stage's clipping optimizer (``setup.clipped_adamw``): what DeepSpeed's engine still costs there;
@@ -21,8 +21,8 @@ tokens, trained in fp32:
 
 Each mode runs in a process of its own, the modes alternating over ``--repeats``; per run the median
 step (after the first two) and its forward, backward and optimizer parts. The compute is the same in
-both modes (the same shapes; the weights differ, zero3's being initialised inside ``zero.Init``, so
-the losses do too), so the difference is ZeRO-3's own host work at this structure, on this CPU.
+every mode (the same shapes; the weights differ, zero3's being initialised inside ``zero.Init``, so
+the losses do too), so the differences are DeepSpeed's own host work at this structure, on this CPU.
 """
 
 from __future__ import annotations
@@ -133,15 +133,15 @@ def run(mode: str, model_config: Path, steps: int) -> dict:
     if engine:
         setup.init_distributed(seed=0, timeout_s=600)  # one gloo rank, as the train stage starts it on a CPU
     model, trainable, _keep_alive = build(mode, tiny_config(json.loads(model_config.read_text())))
-    optimizer = setup.clipped_adamw(trainable, train_config()) if mode == "stage0" else \
-        torch.optim.AdamW(trainable, lr=1e-4)
+    # zero3's ZeRO optimizer clips itself (deepspeed_config fills gradient_clipping); the others as the stage does
+    optimizer = torch.optim.AdamW(trainable, lr=1e-4) if mode == "zero3" else setup.clipped_adamw(trainable, train_config())
     if engine:
         import deepspeed
 
         model, optimizer, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=deepspeed_config(mode),
                                                       model_parameters=trainable, dist_init_required=False)
     model.train()
-    batch, parts, clip = sample(), [], train_config().grad_clip
+    batch, parts = sample(), []
     for _ in range(steps):
         started = time.perf_counter()
         loss = model(**batch, use_cache=False).loss
@@ -153,7 +153,6 @@ def run(mode: str, model_config: Path, steps: int) -> dict:
         else:
             loss.backward()
             backward = time.perf_counter()
-            torch.nn.utils.clip_grad_norm_(trainable, clip)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
         parts.append((forward - started, backward - forward, time.perf_counter() - backward))

@@ -206,11 +206,10 @@ def gathered_parameters(model: ModelFacts, world: int, ds_zero: dict, weights_on
     return min(max_live, largest_block(model) + prefetch)  # the live limit caps per-module gathering
 
 
-def trained_state(trainable: int, world: int, ds_zero: dict, precision: str, zero3_on_one_rank: bool,
+def trained_state(trainable: int, world: int, ds_zero: dict, precision: str, zero: bool,
                   trainable_bytes: int | None) -> dict:
-    """The bytes per rank of what trains (:func:`plan_peak`'s options): its weights, gradients and
-    optimizer states, and under ZeRO the gradient reduce buffer."""
-    zero = not whole_on_one_rank(ds_zero, world, precision, zero3_on_one_rank)
+    """The bytes per rank of what trains (:func:`plan_peak`'s options; ``zero``: the run is under ZeRO):
+    its weights, gradients and optimizer states, and under ZeRO the gradient reduce buffer."""
     if trainable_bytes is None:
         trainable_bytes = LORA_BYTES if zero else LORA_BYTES - ADAPTER_BYTES
     p = precision_bytes(precision)
@@ -241,6 +240,7 @@ def plan_peak(model: ModelFacts, sample: SampleFacts, trainable: int, world: int
     ``trainable_bytes``: per trainable parameter beside the base weights (default: an adapter's, :data:`LORA_BYTES`,
     less the master copy a run without ZeRO does not keep)."""
     kernels = kernels or planned_kernels()
+    zero = not whole_on_one_rank(ds_zero, world, precision, zero3_on_one_rank)
     backward_over_forward, reserved_over_allocated = COEFFICIENTS[kernels]
     p = precision_bytes(precision)
     n = sequence_parallel
@@ -269,7 +269,7 @@ def plan_peak(model: ModelFacts, sample: SampleFacts, trainable: int, world: int
         # for the all-gather (the largest: the embedding); fits the two measured offload peaks
         # (bench/RESULTS.md) within 8%, where without it they were 8% and 20% low
         "offload_staging": largest_block(model) * p / world if weights_on_host else 0,
-        **trained_state(trainable, world, ds_zero, precision, zero3_on_one_rank, trainable_bytes),
+        **trained_state(trainable, world, ds_zero, precision, zero, trainable_bytes),
         "activations_checkpointed_layers": activations,
         "embeddings_in_and_out": 2 * tokens * model.hidden * p,
         "logits": logit_positions * model.vocab * (p + LOGIT_EXTRA_BYTES),
@@ -279,7 +279,7 @@ def plan_peak(model: ModelFacts, sample: SampleFacts, trainable: int, world: int
     allocated = sum(components.values())
     return {"components_gib": {k: v / GIB for k, v in components.items()},
             "allocated_gib": allocated / GIB, "reserved_gib": allocated * reserved_over_allocated / GIB,
-            "kernels": kernels}
+            "kernels": kernels, "without_zero": not zero}
 
 
 def planned_kernels(fused: str = "auto") -> str:
@@ -435,7 +435,6 @@ def planned_world(model: ModelFacts, sample: SampleFacts, batch: SampleFacts, tr
                                                         **options.peak, **options.batching)
     peak["most_uncheckpointed_layers_under_limit"] = most_uncheckpointed_layers(
         model, batch, trainable, world, ds_zero, limit_gib, **options.peak)
-    peak["without_zero"] = whole_on_one_rank(ds_zero, world, options.precision, options.zero3_on_one_rank)
     return peak
 
 
