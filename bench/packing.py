@@ -9,6 +9,8 @@
         --pack-tokens 24576 --memory-cap-gib 24     # does a larger pack budget fit a 24 GiB card?
     python bench/packing.py --model-config bench/configs/Qwen3.5-4B.json --device cuda --modes packed \
         --memory-cap-gib 24 --uncheckpointed-layers 4 --selective   # less recomputation in the memory left over
+    python bench/packing.py --model-config bench/configs/Qwen3.5-4B.json --device cuda --modes packed \
+        --memory-cap-gib 24 --checkpoint-part mixer --part-layers 16   # 16 layers keep only their MLP's activations
 
 One process, one device, no DeepSpeed: the train stage's own pieces on a random-weight model built
 from a config (``--model-config``; ``tiny`` builds a small Qwen3.5 here; with ``--tokenizer real``
@@ -16,7 +18,8 @@ that config's checkpoint, below), LoRA on the language model,
 the train stage's kernel selection (fla's checked kernels on a GPU where they import), gradient
 checkpointing (``--uncheckpointed-layers K``: the last K decoder layers not checkpointed; ``--selective``: the
 checkpointed layers keep their matrix products' and attention's outputs and recompute only the rest;
-``--checkpoint-part mlp|mixer``: only that half of a checkpointed layer recomputes; issue 30's levers
+``--checkpoint-part mlp|mixer``: only that half of a checkpointed layer recomputes, in every one or in the
+last ``--part-layers N``; issue 30's levers
 measured here before the train stage takes one), AdamW, and its allocator setting (``expandable_segments``, unless
 ``PYTORCH_CUDA_ALLOC_CONF`` is set; the process's default cache held blocks of every window length,
 39.7 GiB reserved on the packed set for 14 GiB allocated; 31.4 with it: reserved memory is not what a
@@ -355,10 +358,11 @@ def build(config, device, dtype, longest: int, opts):
         checkpointed = sum(getattr(m, "gradient_checkpointing", False) for m in decoder_layers(model))
         if opts.selective:
             checkpoint_selectively(model)
+        parted = 0
         if opts.checkpoint_part != "layer":
-            checkpoint_part_only(model, opts.checkpoint_part)
+            parted = checkpoint_part_only(model, opts.checkpoint_part, opts.part_layers)
         kernels["checkpointing"] = {"checkpointed_layers": checkpointed, "selective": opts.selective,
-                                    "part": opts.checkpoint_part}
+                                    "part": opts.checkpoint_part, "part_layers": parted}
     lora = config_lib.section("lora", {"dropout": 0.0})
     model, _ = add_lora(model, lora, 0)
     model.train()
@@ -395,24 +399,32 @@ def checkpoint_selectively(model) -> None:
         layer._gradient_checkpointing_func = selective_checkpoint
 
 
-def checkpoint_part_only(model, part: str) -> None:
-    """In each checkpointed decoder layer only ``part`` recomputes in the backward ("mlp": the feed-forward
-    block; "mixer": the attention or Gated-DeltaNet block), the rest of the layer keeping its activations:
-    what memory the other half's activations take, against the recomputation of its matrix products saved
-    (issue 30's lever; whole layers kept cost 1.17 GiB each at a 15k-token pack, bench/RESULTS.md)."""
+def checkpoint_part_only(model, part: str, most: int | None = None) -> int:
+    """In the last ``most`` checkpointed decoder layers (all of them by default) only ``part`` recomputes in
+    the backward ("mlp": the feed-forward block; "mixer": the attention or Gated-DeltaNet block), the rest of
+    the layer keeping its activations: what memory the other half's activations take, against the
+    recomputation of its matrix products saved (issue 30's lever; whole layers kept cost 1.17 GiB each at a
+    15k-token pack, bench/RESULTS.md). Returns how many layers recompute only ``part``.
+
+    Why a count: with the default LoRA targets the feed-forward block keeps its two projections' outputs
+    (2 x 9,216 bf16 values a token in Qwen3.5-4B, 0.5 GiB a layer at 15k tokens) and holds about two
+    thirds of a layer's matrix products, so "mixer" in every layer needs more than a 24 GiB card has left
+    over, and in a part of them it may buy more per GiB than whole layers kept."""
     import functools
 
     from torch.utils.checkpoint import checkpoint
 
     from videosft.training.setup import decoder_layers
 
-    for layer in decoder_layers(model):
-        if not getattr(layer, "gradient_checkpointing", False):
-            continue  # one of the last --uncheckpointed-layers: keeps everything
+    checkpointed = [layer for layer in decoder_layers(model) if getattr(layer, "gradient_checkpointing", False)]
+    count = len(checkpointed) if most is None else min(most, len(checkpointed))
+    parted = checkpointed[len(checkpointed) - count:]
+    for layer in parted:
         layer.gradient_checkpointing = False
         block = layer.mlp if part == "mlp" else getattr(layer, "linear_attn", None) or layer.self_attn
         # the block's current forward: a fused kernel the selection bound stays inside the checkpoint
         block.forward = functools.partial(checkpoint, block.forward, use_reentrant=False)
+    return len(parted)
 
 
 def build_savvy(config, device, dtype, opts):
@@ -778,6 +790,9 @@ def main(argv=None) -> int:
                         help="our modes: what of a checkpointed decoder layer recomputes in the backward: all of it "
                         "(default, as the train stage), only its feed-forward block, or only its attention / "
                         "Gated-DeltaNet block; the rest keeps its activations")
+    parser.add_argument("--part-layers", type=int, default=None, metavar="N",
+                        help="with --checkpoint-part: only the last N checkpointed layers recompute just that part, "
+                        "the others the whole layer (default: every checkpointed layer)")
     parser.add_argument("--profile", type=Path, help="profile one micro-batch per mode; tables and timelines here")
     parser.add_argument("--save-autotune", type=Path, metavar="PATH",
                         help="write this process's fla autotune choices there (videosft.kernels.autotune's table format)")
@@ -791,6 +806,8 @@ def main(argv=None) -> int:
     if not opts.checkpointing and (opts.uncheckpointed_layers or opts.selective or opts.checkpoint_part != "layer"):
         parser.error("--uncheckpointed-layers, --selective and --checkpoint-part choose what gradient checkpointing "
                      "recomputes: drop --no-checkpointing, or them")
+    if opts.part_layers is not None and (opts.checkpoint_part == "layer" or opts.part_layers < 0):
+        parser.error(f"--part-layers {opts.part_layers}: a count of layers (0 or more) for --checkpoint-part mlp|mixer")
     if opts.selective and opts.checkpoint_part != "layer":
         parser.error("--selective and --checkpoint-part are two ways to recompute part of a layer: choose one")
     if opts.warmup is not None and opts.passes > 1:

@@ -90,17 +90,21 @@ def test_less_recomputation_gives_the_same_gradients_with_fewer_matrix_products(
     (pack, *_) = packed_epoch_plan([row["input_tokens"] for row in rows], 1, 512, "pad", 0, 0).packs[0]
     layers = config.text_config.num_hidden_layers
     gradients, products = {}, {}
-    for keep, selective, part in ((0, False, "layer"), (1, False, "layer"), (0, True, "layer"),
-                                  (layers, False, "layer"), (0, False, "mlp"), (0, False, "mixer")):
+    for keep, selective, part, part_layers in ((0, False, "layer", None), (1, False, "layer", None),
+                                               (0, True, "layer", None), (layers, False, "layer", None),
+                                               (0, False, "mlp", None), (0, False, "mixer", None),
+                                               (0, False, "mixer", 1)):
         opts.uncheckpointed_layers, opts.selective, opts.checkpoint_part = keep, selective, part
+        opts.part_layers = part_layers
         model, _, kernels = packing.build(config, torch.device("cpu"), torch.float32, 512, opts)
+        parted = 0 if part == "layer" else layers if part_layers is None else part_layers
         assert kernels["checkpointing"] == {"checkpointed_layers": layers - keep, "selective": selective,
-                                            "part": part}
+                                            "part": part, "part_layers": parted}
         batch = prepare([rows[i] for i in pack], 0, video_processor, host_positions(model), pin=False, pack=True)
         loss = supervised_loss(model, batch)
         with MatrixProducts() as counted:
             loss.backward()
-        key = (keep, selective) if part == "layer" else part
+        key = (keep, selective) if part == "layer" else (part, part_layers)
         products[key] = counted.count
         gradients[key] = {n: p.grad for n, p in model.named_parameters() if p.requires_grad}
     whole = gradients[0, False]
@@ -113,6 +117,15 @@ def test_less_recomputation_gives_the_same_gradients_with_fewer_matrix_products(
     # a layer's products are its mixer's or its feed-forward block's, and torch's checkpoint stops recomputing
     # after the last tensor the backward needs: a block's last projection (output unsaved) runs again only where
     # the next block inside the same checkpoint needs its output, i.e. the mixer's in a whole layer
-    none = products[layers, False]
-    assert none < products["mlp"] < products[0, False] and none < products["mixer"] < products[0, False]
-    assert (products["mlp"] - none) + (products["mixer"] - none) + layers == products[0, False] - none
+    none, mlp, mixer = products[layers, False], products["mlp", None], products["mixer", None]
+    assert none < mlp < products[0, False] and none < mixer < products[0, False]
+    assert (mlp - none) + (mixer - none) + layers == products[0, False] - none
+    # --part-layers 1: the last checkpointed layer recomputes its mixer only, the others the whole layer
+    assert mixer < products["mixer", 1] < products[0, False]
+    assert products[0, False] - products["mixer", 1] == (products[0, False] - mixer) // layers
+
+
+def test_a_part_layer_count_is_refused_without_a_part_to_recompute(capsys):
+    with pytest.raises(SystemExit) as stopped:
+        packing.main(["--device", "cpu", "--part-layers", "2", "--no-results"])
+    assert stopped.value.code == 2 and "--part-layers 2: a count of layers" in capsys.readouterr().err
