@@ -25,8 +25,9 @@ Trainers (``--trainers``):
   (`VIDEOSFT_FUSED_KERNELS=torch`); ``ours-per-module``: ZeRO-3 gathering per module
   (`train.gather_whole_blocks: false`); ``ours-block-prefetch``: the default with a prefetch bucket
   of one whole decoder layer; ``ours-uncheckpointed8``: the last 8 decoder layers not checkpointed
-  (``train.uncheckpointed_layers: 8``); ``ours-sp2`` / ``ours-sp4``: every sample shared by 2 / 4 ranks
-  (``train.sequence_parallel``).
+  (``train.uncheckpointed_layers: 8``); ``ours-all-linear``: LoRA on every linear layer of the language
+  model (``lora.target_modules: [all-linear]``); ``ours-sp2`` / ``ours-sp4``: every sample shared by 2 / 4
+  ranks (``train.sequence_parallel``).
 
 * ``swift`` / ``swift-recommended``: ms-swift's ``swift sft`` on the same samples in its own environment
   (``--swift-python``, ``--swift-path``), with the settings closest to ours or its documentation's
@@ -201,6 +202,9 @@ TRAINERS = {
     # train.uncheckpointed_layers: the last 8 decoder layers keep their activations (about 1 GiB each at 128 frames)
     "ours-uncheckpointed8": {"kind": "ours", "base": DEFAULT, "zero": {}, "train": {"uncheckpointed_layers": 8}},
     "ours-zero3": {"kind": "ours", "base": DEFAULT, "zero": {}, "train": {"zero3_on_one_rank": True}},
+    # LoRA on every linear layer of the language model: the plan's coefficients were measured with the default
+    # q_proj / v_proj, and peft keeps an fp32 copy of each adapted projection's input for the backward
+    "ours-all-linear": {"kind": "ours", "base": DEFAULT, "zero": {}, "lora": {"target_modules": ["all-linear"]}},
     # train.sequence_parallel: each sample shared by 2 or 4 ranks (--gpus a multiple of it)
     "ours-sp2": {"kind": "ours", "base": DEFAULT, "zero": {}, "train": {"sequence_parallel": 2}},
     "ours-sp4": {"kind": "ours", "base": DEFAULT, "zero": {}, "train": {"sequence_parallel": 4}},
@@ -285,7 +289,7 @@ class Bench:
                        json.dumps(options)]
         else:
             train_cfg = {**cfg, "train": {**cfg["train"], "steps": steps, "deepspeed_config": str(ds_file),
-                                          **spec.get("train", {})}}
+                                          **spec.get("train", {})}, "lora": {**cfg["lora"], **spec.get("lora", {})}}
             command = ["-m", "videosft.stages.train", "--config", json.dumps(config_lib.stage_config("train", train_cfg)),
                        "--samples", str(manifest), "--probe", str(data / "probe" / "probe.json"), "--out", str(out)]
         log = self.args.work / "logs" / f"{name}-{frames}-{limit_gib:g}.log"
@@ -502,6 +506,14 @@ def same_math(results: dict) -> list[str]:
     return problems
 
 
+def planned_words(facts: dict) -> str:
+    """The train stage's own prediction of its peak (its run record), for reading beside the measured one."""
+    predicted = facts.get("predicted") or {}
+    if "allocated_gib" not in predicted:
+        return "-"
+    return f"{predicted['allocated_gib']:.2f}/{predicted['reserved_gib']:.2f}"
+
+
 def print_table(results: dict) -> None:
     check = results.get("kernel_check")
     if check:
@@ -519,7 +531,7 @@ def print_table(results: dict) -> None:
     print("MFU: model FLOPs (no recomputation) x tokens/s over the spec bf16 peak; HFU: with the recomputed forward "
           "(bench/flops.py)")
     print("frames | trainer | GDN | tokens/s/GPU | step s | MFU | HFU | step-0 loss | alloc GiB (r0/r1) | "
-          "reserved GiB (r0/r1) | load s | vs plain | vs savvy")
+          "reserved GiB (r0/r1) | planned GiB (alloc/reserved) | load s | vs plain | vs savvy")
 
     def line(frames, name, facts, plain=None, savvy=None):
         if "per_rank" not in facts:
@@ -532,7 +544,8 @@ def print_table(results: dict) -> None:
                 f"{statistics.median(r['step_seconds'] for r in ranks):.2f} | {facts['mfu']:.1%} | {facts['hfu']:.1%} | "
                 f"{facts['step0']['loss']:.5f} | "
                 + "/".join(f"{r['peak_allocated_gib']:.2f}" for r in ranks) + " | "
-                + "/".join(f"{r['peak_reserved_gib']:.2f}" for r in ranks) + f" | {facts['load_seconds']:.1f} | "
+                + "/".join(f"{r['peak_reserved_gib']:.2f}" for r in ranks) + " | " + planned_words(facts)
+                + f" | {facts['load_seconds']:.1f} | "
                 + (f"{tps / plain:.2f}x" if plain else "-") + " | " + (f"{tps / savvy:.2f}x" if savvy else "-"))
 
     for frames, run in results["runs"].items():
