@@ -368,3 +368,27 @@ def test_training_refuses_a_probe_that_found_a_checkpoint_that_does_not_fit(tmp_
         read_probe(failed)
     failed.write_text(json.dumps({"ok": True, "key_map": {"a": "b"}}))
     assert read_probe(failed)["key_map"] == {"a": "b"}
+
+
+def test_lora_on_every_linear_layer_plans_the_fp32_copies_its_adapters_keep(prepared, demo_config, tmp_path):
+    """The plan's coefficients were fitted with LoRA on q_proj / v_proj; with every linear layer adapted, peft's
+    fp32 copies of the adapted projections' inputs (5 bytes a value with dropout: the copy and its mask) are
+    planned on top: a checkpointed run holds the largest layer's while that layer is recomputed."""
+    from videosft.training.memory import GIB
+
+    plans = {}
+    for name, targets in (("default", ["q_proj", "v_proj"]), ("all-linear", ["all-linear"])):
+        cfg = {**demo_config, "lora": {"target_modules": targets}}
+        assert probe.main(["--config", stage_json("probe", cfg), "--samples", str(prepared / "preprocess" /
+                           "manifest.json"), "--out", str(tmp_path / name)]) == 0
+        plans[name] = read_probe(tmp_path / name / PROBE_JSON)["memory"]
+    adapters = plans["all-linear"]["adapter_inputs"]
+    assert plans["default"]["adapter_inputs"]["targets"] == adapters["calibrated"]
+    assert adapters["dropout"] == 0.05 and all(mine > fitted for mine, fitted in zip(adapters["targets"],
+                                                                                    adapters["calibrated"]))
+    tokens = plans["default"]["micro_batch"]["input_tokens"]
+    largest = max((mine - fitted) * 5 for mine, fitted in zip(adapters["targets"], adapters["calibrated"]))
+    for world in ("1", "2"):
+        activations = {name: plan["per_world_size"][world]["components_gib"]["activations_checkpointed_layers"]
+                       for name, plan in plans.items()}
+        assert (activations["all-linear"] - activations["default"]) * GIB == pytest.approx(tokens * largest)

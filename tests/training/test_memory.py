@@ -174,6 +174,36 @@ def test_uncheckpointed_layers_keep_their_forward_in_place_of_their_input():
     assert most_uncheckpointed_layers(MODEL, SAMPLE, 10_000_000, 1, ZERO, 1000.0, checkpointing=False) is None
 
 
+def test_adapters_keep_an_fp32_copy_of_their_input_where_the_model_computes_in_bf16():
+    from videosft.training.memory import AdapterInputs, adapter_bytes
+
+    assert adapter_bytes(1000, "bf16", 0.0) == 4000  # the fp32 copy
+    assert adapter_bytes(1000, "bf16", 0.05) == 5000  # the dropped-out copy and its mask
+    assert adapter_bytes(1000, "fp32", 0.0) == 0  # the adapters read the layer's own tensor
+    assert adapter_bytes(1000, "fp32", 0.05) == 5000
+    # the coefficients' own LoRA adds nothing; more adapted inputs add their bytes, layer by layer
+    assert AdapterInputs((0, 5120), (0, 5120), 0.05).extra("bf16") == (0, 0)
+    assert AdapterInputs((28672, 26112), (0, 5120), 0.05).extra("bf16") == (143360, 104960)
+    assert AdapterInputs((28672, 26112), (0, 5120), 0.0).extra("bf16") == (114688, 104448 - 25600)
+
+
+def test_the_adapters_extra_bytes_live_as_long_as_their_layer_s_activations():
+    """A checkpointed layer's adapters hold their copies while that layer is recomputed (the largest of them
+    counts); an uncheckpointed layer's all through; without checkpointing, every layer's."""
+    def activations(**options):
+        return plan_peak(MODEL, SAMPLE, 10_000_000, 1, ZERO, **options)["components_gib"][
+            "activations_checkpointed_layers"] * GIB
+
+    extra = tuple([100.0, 100.0, 100.0, 300.0] * 8)  # bytes a token: three layers of one type, one of another
+    tokens = 6_600
+    assert activations(adapter_extra=extra) - activations() == pytest.approx(tokens * 300)
+    assert activations(adapter_extra=extra, uncheckpointed_layers=2) - activations(uncheckpointed_layers=2) == \
+        pytest.approx(tokens * (100 + 300 + 300))  # the last two layers', and the largest checkpointed one's
+    assert activations(adapter_extra=extra, checkpointing=False) - activations(checkpointing=False) == \
+        pytest.approx(tokens * sum(extra))
+    assert activations(adapter_extra=tuple([0.0] * 32)) == activations()
+
+
 def test_whole_blocks_gather_past_the_live_limit_beside_the_embedding():
     capped = {**ZERO, "stage3_max_live_parameters": 100_000_000}
     per_module = plan_peak(MODEL, SAMPLE, 10_000_000, 2, capped)["components_gib"]["gathered_working_set"]

@@ -58,3 +58,16 @@ def coverage(model, targets: list[str], rank: int) -> dict:
         "trainable_parameters": trainable,
         "examples": names[:4],
     }
+
+
+def adapted_inputs(model, targets: list[str]) -> list[int]:
+    """Per decoder layer of the language model, the values a token that its adapted projections read (the sum
+    of their input widths): what peft copies for its adapters' backward pass (:mod:`videosft.training.memory`)."""
+    family = family_of(model.config)
+    modules = dict(model.named_modules())
+    inputs = [0] * model.config.get_text_config().num_hidden_layers
+    for name in target_module_names(model, targets):
+        layer = family.layer_index(name)
+        if layer is not None:
+            inputs[layer] += modules[name].in_features
+    return inputs

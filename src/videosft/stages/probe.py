@@ -23,10 +23,11 @@ from ..data.probe_result import recorded, write_probe
 from ..kernels.gated_deltanet import planned_slow_paths
 from ..models.checkpoint import CheckpointError, build_meta_model, config_dtype, extras_summary, map_checkpoint, \
     read_checkpoint, tokenizer_agreement
-from ..models.lora import coverage
+from ..models.lora import adapted_inputs, coverage
 from ..provenance import existing_path, exit_after, run_record, stage_parser
 from ..training.sequence_shards import allowed_sizes
-from ..training.memory import PlanOptions, longest_sample, micro_batch_words, model_facts, probe_plan
+from ..training.memory import CALIBRATED_LORA_TARGETS, AdapterInputs, PlanOptions, longest_sample, micro_batch_words, \
+    model_facts, probe_plan
 
 
 def probe(cfg: View, manifest: Path | None = None) -> dict:
@@ -88,8 +89,11 @@ def memory_plan(model, cfg: View, trainable: int, manifest: Path) -> dict:
     the limit, and the lecture's flowchart (one sample) for the configured world size."""
     ds_zero = json.loads(Path(cfg.train.deepspeed_config).read_text())["zero_optimization"]
     facts = model_facts(model, int(ds_zero.get("stage3_param_persistence_threshold", 1e5)))
+    adapters = AdapterInputs(tuple(adapted_inputs(model, cfg.lora.target_modules)),
+                             tuple(adapted_inputs(model, list(CALIBRATED_LORA_TARGETS))), cfg.lora.dropout)
     return probe_plan(facts, longest_sample(manifest), trainable, ds_zero, PlanOptions.of(cfg.train),
-                      cfg.memory.gpu_memory_gib, cfg.memory.world_sizes, allowed_sizes(model.config.get_text_config()))
+                      cfg.memory.gpu_memory_gib, cfg.memory.world_sizes, allowed_sizes(model.config.get_text_config()),
+                      adapters)
 
 
 def print_summary(result: dict) -> None:

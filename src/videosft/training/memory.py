@@ -73,6 +73,36 @@ ADAPTER_BYTES = 4
 # An adapter parameter, its gradient, DeepSpeed's fp32 master copy of it and Adam's two moments (a run
 # without ZeRO, :func:`whole_on_one_rank`, keeps no master copy: its optimizer steps the fp32 adapters).
 LORA_BYTES = 5 * ADAPTER_BYTES
+# The LoRA of the runs the coefficients above were fitted on (the schema's defaults): what its adapters keep for
+# the backward pass is inside them; a plan adds what other targets or dropout keep beyond it (AdapterInputs).
+CALIBRATED_LORA_TARGETS = ("q_proj", "v_proj")
+CALIBRATED_LORA_DROPOUT = 0.05
+
+
+def adapter_bytes(inputs: float, precision: str, dropout: float) -> float:
+    """Bytes a token that peft's adapter path keeps for the backward pass in a layer whose adapted projections
+    read ``inputs`` values a token. The adapters are fp32 (:data:`ADAPTER_BYTES`): in a bf16 / fp16 run peft
+    copies each adapted projection's input to fp32 and the adapter keeps the copy for its weight gradient
+    (with dropout, the dropped-out copy, beside a one-byte mask on CUDA); in an fp32 run without dropout it
+    keeps the layer's own tensor, nothing of its own."""
+    cast = precision != "fp32"
+    return inputs * ((ADAPTER_BYTES if cast or dropout else 0) + (1 if dropout else 0))
+
+
+@dataclass(frozen=True)
+class AdapterInputs:
+    """Per decoder layer, the values a token that its LoRA-adapted projections read, with the run's targets and
+    with those the coefficients were fitted on (:func:`videosft.models.lora.adapted_inputs`)."""
+
+    targets: tuple[int, ...]
+    calibrated: tuple[int, ...]
+    dropout: float
+
+    def extra(self, precision: str) -> tuple[float, ...]:
+        """Bytes a token, per layer, that the run's adapters keep beyond what the coefficients hold."""
+        return tuple(adapter_bytes(mine, precision, self.dropout) - adapter_bytes(fitted, precision,
+                                                                               CALIBRATED_LORA_DROPOUT)
+                     for mine, fitted in zip(self.targets, self.calibrated))
 
 
 @dataclass(frozen=True)
@@ -225,12 +255,14 @@ def plan_peak(model: ModelFacts, sample: SampleFacts, trainable: int, world: int
               precision: str = "bf16", sliced_logits: bool = True, checkpointing: bool = True,
               kernels: str | None = None, offload_activations: bool = False, whole_blocks: bool = False,
               sequence_parallel: int = 1, uncheckpointed_layers: int = 0, trainable_bytes: int | None = None,
-              zero3_on_one_rank: bool = False) -> dict:
+              zero3_on_one_rank: bool = False, adapter_extra: tuple[float, ...] = ()) -> dict:
     """Predicted peak bytes per rank, by component (``kernels``: a key of ``COEFFICIENTS``, the
     kernel set the run uses; None: as :func:`planned_kernels` says). ``ds_zero["offload_param"]``
     on the host takes the weights' partition off the GPU; ``offload_activations`` the checkpointed layer inputs
     (one comes back at a time, for its layer's recomputation); ``uncheckpointed_layers`` n: the last n
     layers keep their whole forward's activations instead of their input (train.uncheckpointed_layers);
+    ``adapter_extra``: per layer, bytes a token that LoRA's adapters keep beyond the coefficients' own
+    (:meth:`AdapterInputs.extra`);
     ``whole_blocks``: ZeRO-3 gathers whole decoder layers (train.gather_whole_blocks). ``sequence_parallel`` n: n
     ranks share the sequence (train.sequence_parallel), so a rank holds a slice of its tokens and frames, at
     most a 1/n share plus one frame pair (the cuts fall between pairs), while the weights stay partitioned over
@@ -247,14 +279,8 @@ def plan_peak(model: ModelFacts, sample: SampleFacts, trainable: int, world: int
     pair_visual = sample.visual_tokens / max(1, sample.frames // 2)  # a rank's share may be one pair over 1/n
     tokens = sample.input_tokens / n + pair_visual + sample.text_per_pair if n > 1 else sample.input_tokens
     patches = (sample.visual_tokens / n + pair_visual if n > 1 else sample.visual_tokens) * model.merge**2
-    layer_forward = tokens * p * (model.attention_width + 3 * model.intermediate + 4 * model.hidden)
-    checkpointed = model.layers - uncheckpointed_layers if checkpointing else 0
-    if checkpointed > 0:
-        kept_inputs = 1 if offload_activations else checkpointed
-        activations = kept_inputs * tokens * model.hidden * p + \
-            (uncheckpointed_layers + backward_over_forward) * layer_forward
-    else:
-        activations = model.layers * layer_forward
+    activations = decoder_activations(model, tokens, p, checkpointing, offload_activations, uncheckpointed_layers,
+                                      backward_over_forward, adapter_extra)
     logit_positions = sample.supervised_tokens if sliced_logits else tokens
     patches_per_frame_pair = pair_visual * model.merge**2
     vision = patches * p * (4 * model.vision_hidden + model.vision_intermediate) + \
@@ -280,6 +306,24 @@ def plan_peak(model: ModelFacts, sample: SampleFacts, trainable: int, world: int
     return {"components_gib": {k: v / GIB for k, v in components.items()},
             "allocated_gib": allocated / GIB, "reserved_gib": allocated * reserved_over_allocated / GIB,
             "kernels": kernels, "without_zero": not zero}
+
+
+def decoder_activations(model: ModelFacts, tokens: float, p: int, checkpointing: bool, offload: bool,
+                        uncheckpointed: int, backward_over_forward: float,
+                        adapter_extra: tuple[float, ...] = ()) -> float:
+    """Bytes the decoder layers keep for the backward pass (``p``: bytes a value): a checkpointed layer its input
+    (one at a time when ``offload`` holds them on the host) and, while its backward runs, its recomputed forward
+    scaled by ``backward_over_forward``; an uncheckpointed layer its whole forward's activations. Each layer's
+    adapters add their ``adapter_extra`` for as long as that layer's activations live: the kept layers' all
+    through, a checkpointed one's while it is recomputed (the largest of them)."""
+    layer_forward = tokens * p * (model.attention_width + 3 * model.intermediate + 4 * model.hidden)
+    extra = [tokens * bytes_a_token for bytes_a_token in adapter_extra] or [0.0] * model.layers
+    checkpointed = model.layers - uncheckpointed if checkpointing else 0
+    if checkpointed <= 0:
+        return model.layers * layer_forward + sum(extra)
+    kept_inputs = 1 if offload else checkpointed
+    return kept_inputs * tokens * model.hidden * p + (uncheckpointed + backward_over_forward) * layer_forward + \
+        sum(extra[checkpointed:]) + max(extra[:checkpointed])
 
 
 def planned_kernels(fused: str = "auto") -> str:
@@ -373,6 +417,7 @@ class PlanOptions:
     pack_tokens: int | None
     sequence_parallel: int = 1
     zero3_on_one_rank: bool = False
+    adapter_extra: tuple[float, ...] = ()
 
     @classmethod
     def of(cls, train_cfg, precision: str | None = None, kernels: str | None = None) -> "PlanOptions":
@@ -391,7 +436,12 @@ class PlanOptions:
         return {"precision": self.precision, "checkpointing": self.checkpointing, "kernels": self.kernels,
                 "offload_activations": self.offload_activations, "whole_blocks": self.whole_blocks,
                 "uncheckpointed_layers": self.uncheckpointed_layers,
-                "sequence_parallel": self.sequence_parallel, "zero3_on_one_rank": self.zero3_on_one_rank}
+                "sequence_parallel": self.sequence_parallel, "zero3_on_one_rank": self.zero3_on_one_rank,
+                "adapter_extra": self.adapter_extra}
+
+    def with_adapters(self, adapters: "AdapterInputs | None") -> "PlanOptions":
+        """These options with what ``adapters`` keep beyond the coefficients, at this plan's precision."""
+        return dataclasses.replace(self, adapter_extra=adapters.extra(self.precision) if adapters else ())
 
     @property
     def batching(self) -> dict:
@@ -400,12 +450,15 @@ class PlanOptions:
 
 
 def probe_plan(model: ModelFacts, sample: SampleFacts, trainable: int, ds_zero: dict, options: PlanOptions,
-               limit_gib: float, world_sizes: list[int], sequence_sizes: list[int] = (1,)) -> dict:
+               limit_gib: float, world_sizes: list[int], sequence_sizes: list[int] = (1,),
+               adapters: AdapterInputs | None = None) -> dict:
     """Predicted per-GPU peaks of the largest micro-batch (``options``' micro-batch of samples like
     ``sample``) for each world size (those that ``options.sequence_parallel`` divides), the largest frame
     count per sample under ``limit_gib``, the same for one micro-batch shared by n cards for each n of
     ``sequence_sizes`` (the sizes the model's head counts allow), and the lecture's flowchart (one sample)
-    for the largest world size."""
+    for the largest world size. ``adapters``: what the LoRA targets read, kept with the plan for the train
+    stage's own prediction."""
+    options = options.with_adapters(adapters)
     batch = micro_batch(sample, **options.batching)
     n = options.sequence_parallel
     per_world = {}
@@ -420,6 +473,7 @@ def probe_plan(model: ModelFacts, sample: SampleFacts, trainable: int, ds_zero: 
         "longest_sample": asdict(sample),
         "micro_batch": {**options.batching, **asdict(batch)},
         "model_facts": asdict(model),
+        "adapter_inputs": asdict(adapters) if adapters else None,
         "sequence_parallel": n,
         "per_world_size": per_world,
         "per_sequence_parallel_size": shared,
@@ -493,6 +547,9 @@ def memory_comparison(probe: dict, batches: list, world: int, ds_zero: dict, opt
     longest = max(batches, key=lambda entry: entry.input_tokens)
     sample = micro_batch(SampleFacts(longest.input_tokens, longest.visual_tokens, longest.supervised_tokens,
                                      longest.frames), options.micro_batch_size)
+    adapters = probe["memory"].get("adapter_inputs")
+    options = options.with_adapters(adapters and AdapterInputs(tuple(adapters["targets"]),
+                                                               tuple(adapters["calibrated"]), adapters["dropout"]))
     predicted = plan_peak(ModelFacts(**facts), sample, probe["lora"]["trainable_parameters"], world, ds_zero,
                           **options.peak)
     return {"predicted": predicted, "measured": measured}
