@@ -70,15 +70,25 @@ def test_a_stage_run_alone_on_a_missing_input_names_it(tmp_path):
                       f"error: config data.annotations: {tmp_path / 'annotation.jsonl'} does not exist")
 
 
-# A rank as the train stage ends one: a user's mistake through exit_after, or a bug's exception.
+# A rank as the train stage ends one: a user's mistake through exit_after, or a bug's exception. The ranks
+# meet before a mistake, as the stage's ranks reach its checks together: torchrun stops the other ranks once
+# one has exited, and a rank still importing then would never say anything (seen once on a loaded machine).
 RANK = """
-import os, sys
+import os, pathlib, sys, time
 from videosft.errors import ConfigError
 from videosft.provenance import exit_after
+
+def meet():
+    here = pathlib.Path(__file__).parent
+    (here / ("ready" + os.environ["RANK"])).touch()
+    deadline = time.monotonic() + 60
+    while len(list(here.glob("ready*"))) < int(os.environ["WORLD_SIZE"]) and time.monotonic() < deadline:
+        time.sleep(0.01)
 
 def main():
     if sys.argv[1] == "bug":
         raise RuntimeError("a bug, rank " + os.environ["RANK"])
+    meet()
     error = ConfigError("train.steps: 0 is not allowed; set it to 1 or more")
     if os.environ["RANK"] == "1":
         error.kept_record = "logs/train/train.run_record.json"  # one rank keeps the record, as the stage's
