@@ -370,18 +370,23 @@ def test_training_refuses_a_probe_that_found_a_checkpoint_that_does_not_fit(tmp_
     assert read_probe(failed)["key_map"] == {"a": "b"}
 
 
-def test_lora_on_every_linear_layer_plans_the_fp32_copies_its_adapters_keep(prepared, demo_config, tmp_path):
+def test_lora_on_every_linear_layer_plans_the_fp32_copies_its_adapters_keep(prepared, demo_config, tmp_path,
+                                                                           capsys):
     """The plan's coefficients were fitted with LoRA on q_proj / v_proj; with every linear layer adapted, peft's
     fp32 copies of the adapted projections' inputs (5 bytes a value with dropout: the copy and its mask) are
     planned on top: a checkpointed run holds the largest layer's while that layer is recomputed."""
     from videosft.training.memory import GIB
 
     plans = {}
+    shown = {}
     for name, targets in (("default", ["q_proj", "v_proj"]), ("all-linear", ["all-linear"])):
         cfg = {**demo_config, "lora": {"target_modules": targets}}
         assert probe.main(["--config", stage_json("probe", cfg), "--samples", str(prepared / "preprocess" /
                            "manifest.json"), "--out", str(tmp_path / name)]) == 0
         plans[name] = read_probe(tmp_path / name / PROBE_JSON)["memory"]
+        shown[name] = [line for line in capsys.readouterr().out.splitlines() if line.startswith("memory plan, 1 ")]
+    assert "copied for their fp32 adapters" not in shown["default"][0]
+    assert " MiB of it are the LoRA targets' inputs copied for their fp32 adapters" in shown["all-linear"][0]
     adapters = plans["all-linear"]["adapter_inputs"]
     assert plans["default"]["adapter_inputs"]["targets"] == adapters["calibrated"]
     assert adapters["dropout"] == 0.05 and all(mine > fitted for mine, fitted in zip(adapters["targets"],
@@ -389,6 +394,8 @@ def test_lora_on_every_linear_layer_plans_the_fp32_copies_its_adapters_keep(prep
     tokens = plans["default"]["micro_batch"]["input_tokens"]
     largest = max((mine - fitted) * 5 for mine, fitted in zip(adapters["targets"], adapters["calibrated"]))
     for world in ("1", "2"):
-        activations = {name: plan["per_world_size"][world]["components_gib"]["activations_checkpointed_layers"]
-                       for name, plan in plans.items()}
-        assert (activations["all-linear"] - activations["default"]) * GIB == pytest.approx(tokens * largest)
+        parts = {name: plan["per_world_size"][world]["components_gib"] for name, plan in plans.items()}
+        assert parts["default"]["lora_input_copies"] == 0
+        assert parts["all-linear"]["lora_input_copies"] * GIB == pytest.approx(tokens * largest)
+        assert parts["all-linear"]["activations_checkpointed_layers"] == \
+            parts["default"]["activations_checkpointed_layers"]

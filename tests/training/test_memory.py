@@ -190,18 +190,18 @@ def test_adapters_keep_an_fp32_copy_of_their_input_where_the_model_computes_in_b
 def test_the_adapters_extra_bytes_live_as_long_as_their_layer_s_activations():
     """A checkpointed layer's adapters hold their copies while that layer is recomputed (the largest of them
     counts); an uncheckpointed layer's all through; without checkpointing, every layer's."""
-    def activations(**options):
-        return plan_peak(MODEL, SAMPLE, 10_000_000, 1, ZERO, **options)["components_gib"][
-            "activations_checkpointed_layers"] * GIB
+    def copies(**options):
+        plan = plan_peak(MODEL, SAMPLE, 10_000_000, 1, ZERO, **options)
+        assert plan["allocated_gib"] == pytest.approx(sum(plan["components_gib"].values()))
+        return plan["components_gib"]["lora_input_copies"] * GIB
 
     extra = tuple([100.0, 100.0, 100.0, 300.0] * 8)  # bytes a token: three layers of one type, one of another
     tokens = 6_600
-    assert activations(adapter_extra=extra) - activations() == pytest.approx(tokens * 300)
-    assert activations(adapter_extra=extra, uncheckpointed_layers=2) - activations(uncheckpointed_layers=2) == \
-        pytest.approx(tokens * (100 + 300 + 300))  # the last two layers', and the largest checkpointed one's
-    assert activations(adapter_extra=extra, checkpointing=False) - activations(checkpointing=False) == \
-        pytest.approx(tokens * sum(extra))
-    assert activations(adapter_extra=tuple([0.0] * 32)) == activations()
+    assert copies() == 0 and copies(adapter_extra=tuple([0.0] * 32)) == 0
+    assert copies(adapter_extra=extra) == pytest.approx(tokens * 300)
+    # the last two layers', and the largest checkpointed one's
+    assert copies(adapter_extra=extra, uncheckpointed_layers=2) == pytest.approx(tokens * (100 + 300 + 300))
+    assert copies(adapter_extra=extra, checkpointing=False) == pytest.approx(tokens * sum(extra))
 
 
 def test_whole_blocks_gather_past_the_live_limit_beside_the_embedding():

@@ -120,7 +120,7 @@ def print_summary(result: dict) -> None:
                   f"({peak['allocated_gib']:.2f} allocated) for the largest micro-batch "
                   f"({micro_batch_words(plan)}); at most "
                   f"{peak['largest_frames_under_limit']} frames per sample fit {plan['gpu_memory_gib']} GiB"
-                  + uncheckpointed_words(peak))
+                  + lora_copies_words(peak) + uncheckpointed_words(peak))
         for n, peak in plan.get("per_sequence_parallel_size", {}).items():
             if n != "1":
                 print(f"memory plan, one micro-batch shared by {n} GPUs (train.sequence_parallel: {n}): "
@@ -129,6 +129,13 @@ def print_summary(result: dict) -> None:
         for step in plan["flowchart"]:
             print(f"  {step['question']} {step['answer']}"
                   + (f" ({step['predicted_gib']:.2f} GiB)" if "predicted_gib" in step else "") + f": {step['why']}")
+
+
+def lora_copies_words(peak: dict) -> str:
+    """The part of the peak that LoRA targets beyond q_proj / v_proj add (memory.adapter_bytes)."""
+    copies = peak["components_gib"].get("lora_input_copies", 0.0)
+    size = f"{copies:.2f} GiB" if copies >= 0.1 else f"{copies * 1024:.1f} MiB"
+    return f"; {size} of it are the LoRA targets' inputs copied for their fp32 adapters" if copies > 0 else ""
 
 
 def uncheckpointed_words(peak: dict) -> str:

@@ -280,7 +280,7 @@ def plan_peak(model: ModelFacts, sample: SampleFacts, trainable: int, world: int
     tokens = sample.input_tokens / n + pair_visual + sample.text_per_pair if n > 1 else sample.input_tokens
     patches = (sample.visual_tokens / n + pair_visual if n > 1 else sample.visual_tokens) * model.merge**2
     activations = decoder_activations(model, tokens, p, checkpointing, offload_activations, uncheckpointed_layers,
-                                      backward_over_forward, adapter_extra)
+                                      backward_over_forward)
     logit_positions = sample.supervised_tokens if sliced_logits else tokens
     patches_per_frame_pair = pair_visual * model.merge**2
     vision = patches * p * (4 * model.vision_hidden + model.vision_intermediate) + \
@@ -297,6 +297,7 @@ def plan_peak(model: ModelFacts, sample: SampleFacts, trainable: int, world: int
         "offload_staging": largest_block(model) * p / world if weights_on_host else 0,
         **trained_state(trainable, world, ds_zero, precision, zero, trainable_bytes),
         "activations_checkpointed_layers": activations,
+        "lora_input_copies": adapter_copies(model.layers, tokens, checkpointing, uncheckpointed_layers, adapter_extra),
         "embeddings_in_and_out": 2 * tokens * model.hidden * p,
         "logits": logit_positions * model.vocab * (p + LOGIT_EXTRA_BYTES),
         "vision_forward_no_grad": vision,
@@ -309,21 +310,28 @@ def plan_peak(model: ModelFacts, sample: SampleFacts, trainable: int, world: int
 
 
 def decoder_activations(model: ModelFacts, tokens: float, p: int, checkpointing: bool, offload: bool,
-                        uncheckpointed: int, backward_over_forward: float,
-                        adapter_extra: tuple[float, ...] = ()) -> float:
+                        uncheckpointed: int, backward_over_forward: float) -> float:
     """Bytes the decoder layers keep for the backward pass (``p``: bytes a value): a checkpointed layer its input
     (one at a time when ``offload`` holds them on the host) and, while its backward runs, its recomputed forward
-    scaled by ``backward_over_forward``; an uncheckpointed layer its whole forward's activations. Each layer's
-    adapters add their ``adapter_extra`` for as long as that layer's activations live: the kept layers' all
-    through, a checkpointed one's while it is recomputed (the largest of them)."""
+    scaled by ``backward_over_forward``; an uncheckpointed layer its whole forward's activations."""
     layer_forward = tokens * p * (model.attention_width + 3 * model.intermediate + 4 * model.hidden)
-    extra = [tokens * bytes_a_token for bytes_a_token in adapter_extra] or [0.0] * model.layers
     checkpointed = model.layers - uncheckpointed if checkpointing else 0
     if checkpointed <= 0:
-        return model.layers * layer_forward + sum(extra)
+        return model.layers * layer_forward
     kept_inputs = 1 if offload else checkpointed
-    return kept_inputs * tokens * model.hidden * p + (uncheckpointed + backward_over_forward) * layer_forward + \
-        sum(extra[checkpointed:]) + max(extra[:checkpointed])
+    return kept_inputs * tokens * model.hidden * p + (uncheckpointed + backward_over_forward) * layer_forward
+
+
+def adapter_copies(layers: int, tokens: float, checkpointing: bool, uncheckpointed: int,
+                   adapter_extra: tuple[float, ...]) -> float:
+    """Bytes LoRA's adapters keep beyond the coefficients' own (``adapter_extra``: per layer, bytes a token), for
+    as long as their layer's activations live: an uncheckpointed layer's all through, a checkpointed one's
+    while it is recomputed (the largest of them)."""
+    extra = [tokens * bytes_a_token for bytes_a_token in adapter_extra] or [0.0]
+    checkpointed = layers - uncheckpointed if checkpointing else 0
+    if checkpointed <= 0:
+        return sum(extra)
+    return sum(extra[checkpointed:]) + max(extra[:checkpointed])
 
 
 def planned_kernels(fused: str = "auto") -> str:
