@@ -203,7 +203,7 @@ TRAINERS = {
     "ours-uncheckpointed8": {"kind": "ours", "base": DEFAULT, "zero": {}, "train": {"uncheckpointed_layers": 8}},
     "ours-zero3": {"kind": "ours", "base": DEFAULT, "zero": {}, "train": {"zero3_on_one_rank": True}},
     # LoRA on every linear layer of the language model: the plan's coefficients were measured with the default
-    # q_proj / v_proj, and peft keeps an fp32 copy of each adapted projection's input for the backward
+    # q_proj / v_proj; it adds the fp32 copies of the adapted projections' inputs peft keeps (memory.adapter_bytes)
     "ours-all-linear": {"kind": "ours", "base": DEFAULT, "zero": {}, "lora": {"target_modules": ["all-linear"]}},
     # train.sequence_parallel: each sample shared by 2 or 4 ranks (--gpus a multiple of it)
     "ours-sp2": {"kind": "ours", "base": DEFAULT, "zero": {}, "train": {"sequence_parallel": 2}},
