@@ -255,11 +255,19 @@ class Bench:
         manifest = data / "manifest.json"
         if not manifest.exists():
             build_samples(cfg, data, 2 * self.args.gpus + 1, seconds, 18)
-        if not (data / "probe" / "probe.json").exists():
-            subprocess.run([sys.executable, "-m", "videosft.stages.probe", "--config",
-                            json.dumps(config_lib.stage_config("probe", cfg)), "--samples", str(manifest), "--out",
-                            str(data / "probe")], check=True, cwd=ROOT, env=self.env, stdout=subprocess.DEVNULL)
+        self.probe(cfg, data / "probe")
         return cfg, data
+
+    def probe(self, cfg: dict, out: Path) -> Path:
+        """The probe stage's plan for ``cfg`` in ``out`` (once): the train stage reads its prediction there."""
+        from videosft import config as config_lib
+
+        if not (out / "probe.json").exists():
+            subprocess.run([sys.executable, "-m", "videosft.stages.probe", "--config",
+                            json.dumps(config_lib.stage_config("probe", cfg)), "--samples",
+                            str(out.parent / "manifest.json"), "--out", str(out)],
+                           check=True, cwd=ROOT, env=self.env, stdout=subprocess.DEVNULL)
+        return out / "probe.json"
 
     def run(self, name: str, frames: int, steps: int, limit_gib: float = 0.0) -> dict:
         from videosft import config as config_lib
@@ -290,8 +298,10 @@ class Bench:
         else:
             train_cfg = {**cfg, "train": {**cfg["train"], "steps": steps, "deepspeed_config": str(ds_file),
                                           **spec.get("train", {})}, "lora": {**cfg["lora"], **spec.get("lora", {})}}
+            # a trainer with LoRA of its own plans it: the stage's prediction reads the probe's adapter inputs
+            probe = self.probe(train_cfg, data / f"probe-{name}") if "lora" in spec else data / "probe" / "probe.json"
             command = ["-m", "videosft.stages.train", "--config", json.dumps(config_lib.stage_config("train", train_cfg)),
-                       "--samples", str(manifest), "--probe", str(data / "probe" / "probe.json"), "--out", str(out)]
+                       "--samples", str(manifest), "--probe", str(probe), "--out", str(out)]
         log = self.args.work / "logs" / f"{name}-{frames}-{limit_gib:g}.log"
         log.parent.mkdir(exist_ok=True)
         started = time.perf_counter()
