@@ -60,7 +60,7 @@ def coverage(model, targets: list[str], rank: int) -> dict:
     }
 
 
-def adapted_inputs(model, targets: list[str]) -> list[int]:
+def adapted_inputs(model, targets) -> tuple[int, ...]:
     """Per decoder layer of the language model, the values a token that its adapted projections read (the sum
     of their input widths): what peft copies for its adapters' backward pass (:mod:`videosft.training.memory`)."""
     family = family_of(model.config)
@@ -70,4 +70,4 @@ def adapted_inputs(model, targets: list[str]) -> list[int]:
         layer = family.layer_index(name)
         if layer is not None:
             inputs[layer] += modules[name].in_features
-    return inputs
+    return tuple(inputs)

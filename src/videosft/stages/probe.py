@@ -89,8 +89,8 @@ def memory_plan(model, cfg: View, trainable: int, manifest: Path) -> dict:
     the limit, and the lecture's flowchart (one sample) for the configured world size."""
     ds_zero = json.loads(Path(cfg.train.deepspeed_config).read_text())["zero_optimization"]
     facts = model_facts(model, int(ds_zero.get("stage3_param_persistence_threshold", 1e5)))
-    adapters = AdapterInputs(tuple(adapted_inputs(model, cfg.lora.target_modules)),
-                             tuple(adapted_inputs(model, list(CALIBRATED_LORA_TARGETS))), cfg.lora.dropout)
+    adapters = AdapterInputs(adapted_inputs(model, cfg.lora.target_modules),
+                             adapted_inputs(model, CALIBRATED_LORA_TARGETS), cfg.lora.dropout)
     return probe_plan(facts, longest_sample(manifest), trainable, ds_zero, PlanOptions.of(cfg.train),
                       cfg.memory.gpu_memory_gib, cfg.memory.world_sizes, allowed_sizes(model.config.get_text_config()),
                       adapters)

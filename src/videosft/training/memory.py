@@ -279,8 +279,8 @@ def plan_peak(model: ModelFacts, sample: SampleFacts, trainable: int, world: int
     pair_visual = sample.visual_tokens / max(1, sample.frames // 2)  # a rank's share may be one pair over 1/n
     tokens = sample.input_tokens / n + pair_visual + sample.text_per_pair if n > 1 else sample.input_tokens
     patches = (sample.visual_tokens / n + pair_visual if n > 1 else sample.visual_tokens) * model.merge**2
-    activations = decoder_activations(model, tokens, p, checkpointing, offload_activations, uncheckpointed_layers,
-                                      backward_over_forward)
+    checkpointed = model.layers - uncheckpointed_layers if checkpointing else 0
+    activations = decoder_activations(model, tokens, p, checkpointed, offload_activations, backward_over_forward)
     logit_positions = sample.supervised_tokens if sliced_logits else tokens
     patches_per_frame_pair = pair_visual * model.merge**2
     vision = patches * p * (4 * model.vision_hidden + model.vision_intermediate) + \
@@ -297,7 +297,7 @@ def plan_peak(model: ModelFacts, sample: SampleFacts, trainable: int, world: int
         "offload_staging": largest_block(model) * p / world if weights_on_host else 0,
         **trained_state(trainable, world, ds_zero, precision, zero, trainable_bytes),
         "activations_checkpointed_layers": activations,
-        "lora_input_copies": adapter_copies(model.layers, tokens, checkpointing, uncheckpointed_layers, adapter_extra),
+        "lora_input_copies": adapter_copies(tokens, checkpointed, adapter_extra),
         "embeddings_in_and_out": 2 * tokens * model.hidden * p,
         "logits": logit_positions * model.vocab * (p + LOGIT_EXTRA_BYTES),
         "vision_forward_no_grad": vision,
@@ -309,26 +309,25 @@ def plan_peak(model: ModelFacts, sample: SampleFacts, trainable: int, world: int
             "kernels": kernels, "without_zero": not zero}
 
 
-def decoder_activations(model: ModelFacts, tokens: float, p: int, checkpointing: bool, offload: bool,
-                        uncheckpointed: int, backward_over_forward: float) -> float:
-    """Bytes the decoder layers keep for the backward pass (``p``: bytes a value): a checkpointed layer its input
-    (one at a time when ``offload`` holds them on the host) and, while its backward runs, its recomputed forward
-    scaled by ``backward_over_forward``; an uncheckpointed layer its whole forward's activations."""
+def decoder_activations(model: ModelFacts, tokens: float, p: int, checkpointed: int, offload: bool,
+                        backward_over_forward: float) -> float:
+    """Bytes the decoder layers keep for the backward pass (``p``: bytes a value; the first ``checkpointed``
+    layers checkpointed, the rest not): a checkpointed layer its input (one at a time when ``offload`` holds
+    them on the host) and, while its backward runs, its recomputed forward scaled by ``backward_over_forward``;
+    an uncheckpointed layer its whole forward's activations."""
     layer_forward = tokens * p * (model.attention_width + 3 * model.intermediate + 4 * model.hidden)
-    checkpointed = model.layers - uncheckpointed if checkpointing else 0
     if checkpointed <= 0:
         return model.layers * layer_forward
     kept_inputs = 1 if offload else checkpointed
-    return kept_inputs * tokens * model.hidden * p + (uncheckpointed + backward_over_forward) * layer_forward
+    return kept_inputs * tokens * model.hidden * p + \
+        (model.layers - checkpointed + backward_over_forward) * layer_forward
 
 
-def adapter_copies(layers: int, tokens: float, checkpointing: bool, uncheckpointed: int,
-                   adapter_extra: tuple[float, ...]) -> float:
+def adapter_copies(tokens: float, checkpointed: int, adapter_extra: tuple[float, ...]) -> float:
     """Bytes LoRA's adapters keep beyond the coefficients' own (``adapter_extra``: per layer, bytes a token), for
-    as long as their layer's activations live: an uncheckpointed layer's all through, a checkpointed one's
-    while it is recomputed (the largest of them)."""
+    as long as their layer's activations live: an uncheckpointed layer's all through, one of the first
+    ``checkpointed`` while it is recomputed (the largest of them)."""
     extra = [tokens * bytes_a_token for bytes_a_token in adapter_extra] or [0.0]
-    checkpointed = layers - uncheckpointed if checkpointing else 0
     if checkpointed <= 0:
         return sum(extra)
     return sum(extra[checkpointed:]) + max(extra[:checkpointed])
@@ -556,8 +555,7 @@ def memory_comparison(probe: dict, batches: list, world: int, ds_zero: dict, opt
     sample = micro_batch(SampleFacts(longest.input_tokens, longest.visual_tokens, longest.supervised_tokens,
                                      longest.frames), options.micro_batch_size)
     adapters = probe["memory"].get("adapter_inputs")
-    options = options.with_adapters(adapters and AdapterInputs(tuple(adapters["targets"]),
-                                                               tuple(adapters["calibrated"]), adapters["dropout"]))
+    options = options.with_adapters(AdapterInputs(**adapters) if adapters else None)
     predicted = plan_peak(ModelFacts(**facts), sample, probe["lora"]["trainable_parameters"], world, ds_zero,
                           **options.peak)
     return {"predicted": predicted, "measured": measured}
