@@ -33,8 +33,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 from videosft import config as config_lib
-from videosft.encoding.budget import resolve_budget
-from videosft.encoding.budget import plan
+from videosft.media.budget import resolve_budget
+from videosft.media.budget import plan
 from videosft.encoding.layout import layout_name
 from videosft.encoding.samples import build_sample, processor_geometry, tells_time_by_grid
 from videosft.data.sample_store import ShardWriter, gather_shards, shard_metadata, shard_summary

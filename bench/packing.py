@@ -244,7 +244,7 @@ class WindowFrames:
         self.frames = frames
 
     def clip(self, start: float, end: float, budget, patch_size: int, merge_size: int, temporal_patch_size: int):
-        from videosft.encoding.budget import Plan
+        from videosft.media.budget import Plan
         from videosft.media.video import Clip
 
         count, _, height, width = self.frames.shape
@@ -261,7 +261,7 @@ def make_real_samples(processor, opts) -> list[dict]:
     import numpy as np
 
     from videosft import config as config_lib
-    from videosft.encoding.budget import resolve_budget
+    from videosft.media.budget import resolve_budget
     from videosft.encoding.samples import build_sample, processor_geometry
     from videosft.media.timeline import merge_ranges, realign, window_bounds
 

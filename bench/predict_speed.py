@@ -91,7 +91,7 @@ def generation_split(model_dir: Path, videos: Path, config: dict, batch: int, ma
     from videosft.evaluation.generation import greedy_answers
     from videosft.kernels import autotune, selection
     from videosft.media.video import VideoFile
-    from videosft.models.loading import load_model
+    from videosft.evaluation.inference_model import load_model
     from videosft.training.batches import collate
 
     cfg = config_lib.for_stage("predict", config)

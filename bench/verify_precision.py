@@ -3,7 +3,7 @@
     python bench/verify_precision.py --model M --manifest preprocess/manifest.json --adapter A \\
         --dtype fp32 --variants torch:tf32off fla:tf32off torch:tf32on fla:tf32on --out r.json
 
-Loads the base as the verify stage does (`videosft.models.loading.load_model`: ``from_pretrained`` in
+Loads the base as the verify stage does (`videosft.evaluation.inference_model.load_model`: ``from_pretrained`` in
 --dtype on the GPU, then ``PeftModel.from_pretrained``), and on the first --samples val samples does what
 `evaluation.adapter_checks.forward_agreement` does: full logits of the unmerged model, then of the merged one (here
 ``merge_adapter``, restored exactly afterwards from saved copies so that the next variant starts from

@@ -29,7 +29,7 @@ BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
 sys.path.insert(0, str(ROOT / "src"))
 
-from videosft.encoding.budget import Budget  # noqa: E402
+from videosft.media.budget import Budget  # noqa: E402
 from videosft.media.pyav_reader import PyAVReader  # noqa: E402
 from videosft.media.video import VideoFile  # noqa: E402
 

@@ -1,5 +1,6 @@
-"""The package's layout holds: stages are entry points that nothing imports, and no function grows
-past what a reader takes in at once.
+"""The package's layout holds: stages are entry points that nothing imports, each part of the
+package imports only parts on its own layer or below it, and no function grows past what a reader
+takes in at once.
 
 A stage that imports another reruns whenever that stage's code changes (its sources follow its
 imports) and quietly depends on that stage's internals; what stages share lives in library
@@ -22,6 +23,19 @@ PACKAGE = provenance.PACKAGE_DIR
 STAGES = PACKAGE / provenance.STAGES
 LONGEST_FUNCTION = 60  # lines, decorators and docstring included
 LONGEST_STAGE = {"train": 300}  # the train stage is its named phases; its parts live in videosft.training
+# The package's parts from the ground up: a part uses parts on its own layer or below, never above,
+# so that reading one part never needs a part that builds on it.
+LAYERS = (
+    {"errors", "progress"},
+    {"config", "provenance", "models"},
+    {"media", "kernels"},
+    {"data"},  # the files stages hand each other
+    {"encoding"},  # what a window becomes for the model
+    {"training", "synthetic"},
+    {"evaluation"},
+    {"reporting"},
+    {provenance.STAGES},
+)
 
 
 def stage_names() -> set[str]:
@@ -64,6 +78,34 @@ def test_no_stage_imports_another_stage():
                if stage_of(module)]
     assert not offending + library, ("only the workflow runs a stage; move what is shared into a library module: "
                                      + "; ".join(offending + library))
+
+
+def layer_of(module: str) -> int:
+    part = module.split(".")[0]
+    found = [index for index, layer in enumerate(LAYERS) if part in layer]
+    assert found, f"videosft.{part} is on no layer of LAYERS: add it where it stands"
+    return found[0]
+
+
+def upward_imports(path: Path, module: str) -> list[str]:
+    """Each import of ``path`` (dotted ``module`` inside videosft) from a part on a higher layer than its own."""
+    return sorted({f"{path.name}:{line} ({module.split('.')[0]}) imports videosft.{target}"
+                   for line, target, _ in imports(path, module) if layer_of(target) > layer_of(module)})
+
+
+def test_every_part_imports_only_its_own_layer_or_below():
+    upward = [row for path in sorted(PACKAGE.rglob("*.py")) if path != PACKAGE / "__init__.py"
+              for row in upward_imports(path, ".".join(path.relative_to(PACKAGE).with_suffix("").parts))]
+    assert not upward, ("move the definition down to the part that needs it, or the importing code up: "
+                        + "; ".join(upward))
+
+
+def test_the_layer_check_finds_an_import_from_above(tmp_path):
+    source = tmp_path / "budget.py"
+    source.write_text("from ..errors import Rejected\nfrom ..encoding.chat import IGNORE_INDEX\n"
+                      "def f():\n    from videosft.evaluation.generation import prompt_of\n")
+    assert upward_imports(source, "media.budget") == ["budget.py:2 (media) imports videosft.encoding.chat",
+                                                      "budget.py:4 (media) imports videosft.evaluation.generation"]
 
 
 def outside_files() -> list[Path]:

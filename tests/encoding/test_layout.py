@@ -13,9 +13,9 @@ from transformers import AutoProcessor
 
 from videosft import config as config_lib
 from videosft.encoding import layout
-from videosft.encoding.budget import resolve_budget
 from videosft.encoding.chat import messages, render_answer
 from videosft.encoding.samples import build_sample, processor_geometry
+from videosft.media.budget import resolve_budget
 from videosft.media.video import VideoFile
 
 

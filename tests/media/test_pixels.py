@@ -12,7 +12,7 @@ from transformers import AutoProcessor
 from videosft import config as config_lib
 from videosft.encoding import samples as encoding
 from videosft.data import sample_store
-from videosft.encoding.budget import resolve_budget
+from videosft.media.budget import resolve_budget
 from videosft.media.pixels import frames_of, load_video_processor, pixel_values_videos, stored_bytes
 from videosft.media.video import VideoFile
 

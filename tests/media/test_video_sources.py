@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from videosft.encoding.budget import Budget
 from videosft.errors import Rejected
+from videosft.media.budget import Budget
 from videosft.media.video import VideoFile
 
 from encoded_videos import bars_video, circle_video

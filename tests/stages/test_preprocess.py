@@ -136,7 +136,7 @@ def test_a_marker_rounded_at_a_tie_is_not_taken_for_a_clock_error(demo_dir):
     from transformers import AutoProcessor
 
     from videosft import config as config_lib
-    from videosft.encoding.budget import plan, resolve_budget
+    from videosft.media.budget import plan, resolve_budget
     from videosft.media.video import Clip
 
     processor = AutoProcessor.from_pretrained(demo_dir / "model")

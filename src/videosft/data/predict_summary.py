@@ -15,7 +15,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..evaluation.metrics import SOURCE_TIME_DEFINITIONS
 from ..errors import InputError
 from .records import number, read_json
 
@@ -28,8 +27,8 @@ class PredictSummary:
     min_agreement: float | None
     videos: int | None
     predicted: int | None
-    # the scores, then the counts behind them, in the order of SOURCE_TIME_DEFINITIONS (None where
-    # nothing counts); None where there was nothing to score (videos without annotations)
+    # the scores, then the counts behind them, as the predict stage wrote them (None where nothing
+    # counts); None where there was nothing to score (videos without annotations)
     evaluation: dict[str, float | None] | None
 
 
@@ -39,7 +38,7 @@ def read_predict_summary(path: Path) -> PredictSummary:
     return PredictSummary(
         source=summary.get("source"), model=summary.get("model"), adapter=summary.get("adapter"),
         min_agreement=summary.get("min_agreement"), videos=summary.get("videos"), predicted=summary.get("predicted"),
-        evaluation={name: number(evaluation[name]) for name in SOURCE_TIME_DEFINITIONS if name in evaluation}
+        evaluation={name: number(value) for name, value in evaluation.items()}
         if evaluation else None)
 
 

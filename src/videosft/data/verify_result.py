@@ -14,11 +14,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..evaluation.answers import COUNTS
 from ..provenance import write_json
 from .records import number, read_json
 
 VERIFY_JSON = "verify.json"
+# The keys of a score (``base``, ``fine_tuned``) that count windows rather than score them.
+COUNTS = ("moment_windows", "empty_windows", "num_samples")
 
 
 @dataclass(frozen=True)

@@ -1,1 +1,1 @@
-"""What a window becomes for the model: token budget, chat, video layout, sample."""
+"""What a window becomes for the model: chat and labels, video layout, sample, prompt."""

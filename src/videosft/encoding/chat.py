@@ -140,6 +140,14 @@ def assistant_labels(input_ids: list[int], tokenizer, answer: str, think_block: 
     return labels
 
 
+def prompt_of(row: dict) -> dict:
+    """The sample up to the assistant's answer (where :func:`assistant_labels` starts supervising):
+    what the model sees before it must answer."""
+    start = next(i for i, label in enumerate(row["labels"]) if label != IGNORE_INDEX)
+    return {**row, "input_ids": row["input_ids"][:start], "labels": [IGNORE_INDEX] * start,
+            "mm_token_type_ids": row["mm_token_type_ids"][:start]}
+
+
 def generated_answer(text: str) -> str:
     """A generated text without the empty think block that answers learned to begin with
     (``prompt.think_block: answer``); any other text is left as it is, for the parser to judge."""

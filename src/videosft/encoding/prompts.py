@@ -8,9 +8,9 @@ import time
 
 from ..config import View
 from ..data.rejects import Rejects
-from ..evaluation.generation import prompt_of
+from ..media.budget import resolve_budget
 from ..media.video import VideoFile
-from .budget import resolve_budget
+from .chat import prompt_of
 from .samples import build_sample, processor_geometry
 
 

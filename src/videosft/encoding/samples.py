@@ -20,11 +20,11 @@ import time
 
 from ..config import View
 from ..errors import Rejected
-from .budget import Budget
-from .chat import assistant_labels, messages, prompt_timestamps, render_answer, template_kwargs
-from .layout import VideoTokens, check_layout, layout_name, template_text
+from ..media.budget import Budget
 from ..media.pixels import stored_frames
 from ..media.video import Clip, VideoFile
+from .chat import assistant_labels, messages, prompt_timestamps, render_answer, template_kwargs
+from .layout import VideoTokens, check_layout, layout_name, template_text
 
 # Seconds of frame time per unit of VideoMetadata.frames_indices: the processor writes
 # frames_indices / fps as each frame's time, so indices in milliseconds of window time make its

@@ -17,8 +17,9 @@ import math
 import statistics
 from collections.abc import Iterable, Sequence
 
-from ..encoding.chat import parse_answer, parse_answer_lenient
-from .generation import REPEATS, greedy_answers, prompt_of
+from ..data.verify_result import COUNTS
+from ..encoding.chat import parse_answer, parse_answer_lenient, prompt_of
+from .generation import REPEATS, greedy_answers
 from .metrics import WINDOW_METRIC_DEFINITIONS, r1_iou, window_metrics
 
 
@@ -51,7 +52,6 @@ def score(answers: list[dict]) -> dict:
             "lenient_readable_rate": sum(a["lenient"] is not None for a in answers) / count}
 
 
-COUNTS = ("moment_windows", "empty_windows", "num_samples")
 # What the keys of score() beyond window_metrics' measure (see definition()).
 ANSWER_DEFINITIONS = {
     "well_formed_rate": "share of answers in the answer format (ascending a-b ranges in seconds, or none)",

@@ -2,7 +2,7 @@
 evaluation (:mod:`videosft.evaluation.answers`) and of the predict stage, which answers the prompts of
 successive videos together (:func:`answered_in_order`).
 
-A prompt is a sample cut where its answer begins (:func:`prompt_of`). Prompts are answered in
+A prompt is a sample cut where its answer begins (:func:`videosft.encoding.chat.prompt_of`). Prompts are answered in
 left-padded batches, so that every prompt ends where its answer begins, with the KV cache; a batch
 of one is the one-prompt-at-a-time case, and batches give the same answers (a test holds them
 equal on the demo model in fp32). An answer ends at its family's end token (``generation_end`` in
@@ -17,18 +17,12 @@ import dataclasses
 from collections import deque
 from typing import Callable, Iterable
 
-from ..encoding.chat import IGNORE_INDEX, generated_answer
+from ..encoding.chat import generated_answer
 from ..models.families import family_of
+
 # A token repeated this many times in a row, or an n-gram (n <= 4) repeated this many times in a
 # row, makes an answer degenerate.
 REPEATS = 4
-
-
-def prompt_of(row: dict) -> dict:
-    """The sample up to the assistant's answer: what the model sees before it must answer."""
-    start = next(i for i, label in enumerate(row["labels"]) if label != IGNORE_INDEX)
-    return {**row, "input_ids": row["input_ids"][:start], "labels": [IGNORE_INDEX] * start,
-            "mm_token_type_ids": row["mm_token_type_ids"][:start]}
 
 
 def is_degenerate(tokens: list[int], ended: bool) -> bool:

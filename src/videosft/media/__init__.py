@@ -1,1 +1,1 @@
-"""Videos: decoding on a player's clock, stored frames, timelines and cuts."""
+"""Videos: decoding on a player's clock, the frame budget, stored frames, timelines and cuts."""

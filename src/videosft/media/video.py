@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..encoding.budget import Budget, Plan, frame_count, plan
+from .budget import Budget, Plan, frame_count, plan
 from ..errors import Rejected
 
 

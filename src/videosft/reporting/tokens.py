@@ -110,7 +110,7 @@ def budget_text(budget: dict | None, rows: dict[str, list[dict]]) -> str:
 
 def environment_overrides(budget: dict) -> dict[str, object]:
     """The budget's bounds taken from environment variables, by variable: the budget records where
-    each came from (:func:`videosft.encoding.budget.resolve_budget`), so the preprocess stage's
+    each came from (:func:`videosft.media.budget.resolve_budget`), so the preprocess stage's
     environment need not be read from its run record."""
     overrides = {}
     for key in ("min_tokens", "max_tokens"):

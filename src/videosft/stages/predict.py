@@ -48,13 +48,13 @@ from ..encoding.prompts import window_prompts
 from ..errors import ConfigError, Rejected
 from ..evaluation.cutlist import evaluate_in_source_time, merge_votes, to_source
 from ..evaluation.generation import Prompts, answered_in_order, greedy_answers
+from ..evaluation.inference_model import load_model
 from ..kernels import selection
-from ..training.batches import made_ahead
 from ..media.clock import MediaClock, media_clock
 from ..media.editor_timelines import write_timelines
 from ..media.video import VideoFile
-from ..models.loading import load_model
 from ..provenance import existing_path, exit_after, kept_path, run_record, stage_parser, write_json
+from ..training.batches import made_ahead
 
 VIDEO_SUFFIXES = {".mp4", ".mov", ".mkv", ".avi", ".webm", ".m4v"}
 

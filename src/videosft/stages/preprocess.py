@@ -28,10 +28,10 @@ from ..config import View
 from ..data.rejects import Rejects
 from ..data.sample_store import ShardWriter, gather_shards, shard_metadata, shard_summary
 from ..data.windows import read_windows, video_shards
-from ..encoding.budget import resolve_budget
 from ..encoding.layout import layout_name
 from ..encoding.samples import build_sample, processor_geometry, tells_time_by_grid
 from ..errors import InputError
+from ..media.budget import resolve_budget
 from ..media.timeline import resolve_video
 from ..media.video import VideoFile
 from ..progress import ProgressLine

@@ -29,8 +29,8 @@ from ..evaluation.adapter_checks import VerificationError, adapter_problems, com
     verify_dtype
 from ..evaluation.answers import evaluate
 from ..evaluation.answers import table as evaluation_table
+from ..evaluation.inference_model import load_model
 from ..media.pixels import load_video_processor
-from ..models.loading import load_model
 from ..provenance import existing_path, exit_after, run_record, stage_parser
 from ..training.profiling import gpu_peak_gib
 

@@ -1,4 +1,4 @@
-"""Unit tests of videosft.encoding.budget, with a differential check against qwen-vl-utils."""
+"""Unit tests of videosft.media.budget, with a differential check against qwen-vl-utils."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 from qwen_vl_utils import vision_process as qv
 
-from videosft.encoding import budget as B
 from videosft import config as config_lib
-from videosft.encoding.budget import Budget, frame_count, frame_size, pixel_bounds, plan, resolve_budget
+from videosft.media import budget as B
+from videosft.media.budget import Budget, frame_count, frame_size, pixel_bounds, plan, resolve_budget
 
 CASES = 1500  # per patch size, per differential test
 

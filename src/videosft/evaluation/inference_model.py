@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..data.adapter import check_readable
-from .checkpoint import model_class
+from ..models.checkpoint import model_class
 
 
 def load_model(model_dir: Path, adapter_dir: Path | None = None, dtype=None, merge: bool = False):
