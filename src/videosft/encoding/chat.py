@@ -97,6 +97,8 @@ def template_kwargs(processor) -> dict:
     processor's call instead, and warns about it on every sample."""
     template = processor.chat_template if isinstance(processor.chat_template, str) else str(processor.chat_template)
     return {key: value for key, value in TEMPLATE_KWARGS.items() if key in template}
+
+
 EMPTY_THINK = CHATML.empty_think
 THINK_BLOCK_PLACES = ("prompt", "answer")
 

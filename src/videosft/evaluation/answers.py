@@ -68,6 +68,8 @@ def definition(metric: str) -> str:
     if strict != metric and strict in WINDOW_METRIC_DEFINITIONS:
         return f"{strict} with every answer read leniently (ranges found anywhere in the text, also in prose)"
     return {**WINDOW_METRIC_DEFINITIONS, **ANSWER_DEFINITIONS}.get(metric, "")
+
+
 STEP = 0.1  # the answer format's resolution: constant ranges are searched on it
 
 
