@@ -19,23 +19,48 @@ from collections.abc import Iterable, Sequence
 
 from ..data.verify_result import COUNTS
 from ..encoding.chat import parse_answer, parse_answer_lenient, prompt_of
-from .generation import REPEATS, greedy_answers
+from ..training.batches import made_ahead
+from .generation import REPEATS, batch_answers, prompt_batch
 from .metrics import WINDOW_METRIC_DEFINITIONS, r1_iou, window_metrics
 
 
-def window_answers(model, rows: Iterable[dict], tokenizer, video_processor, max_new_tokens: int,
-                   think_block: str = "prompt") -> list[dict]:
-    """Greedy answers (:func:`videosft.evaluation.generation.greedy_answers`, one window at a time, so that only
-    the window answered is in memory) with the raw text, whether and what they parse to, strictly and
-    leniently, and whether they degenerate."""
-    answers = []
-    for row in rows:
-        answer = greedy_answers(model, [prompt_of(row)], tokenizer, video_processor, max_new_tokens, think_block)[0]
-        answers.append({"window_id": row["window_id"], "text": answer["text"],
-                        "predicted": parse_answer(answer["answer"]), "lenient": parse_answer_lenient(answer["answer"]),
-                        "target": [tuple(r) for r in row["keep_local"]], "degenerate": answer["degenerate"],
-                        "window": (row["window_start"], row["window_end"])})
-    return answers
+def window_answers(model, rows: Sequence[dict], tokenizer, video_processor, max_new_tokens: int,
+                   think_block: str = "prompt", batch_size: int = 1,
+                   read_ahead: bool | None = None) -> tuple[list[dict], list[dict]]:
+    """The base's (adapter disabled) and the fine-tune's greedy answers to each window
+    (:func:`videosft.evaluation.generation.batch_answers`), with the raw text, whether and what they
+    parse to, strictly and leniently, and whether they degenerate. ``batch_size`` windows at a time are
+    read, made into one left-padded batch and answered by both, so each window is read once. With
+    ``read_ahead`` (by default on a GPU) a host thread reads and makes the next batch while the model
+    answers (two batches in memory at most); on a CPU the model's own threads use every core, and a
+    thread beside them made a batch of one answer at half the speed (measured)."""
+    def make(batch):
+        return prompts_of(batch, tokenizer, video_processor)
+
+    if read_ahead is None:
+        read_ahead = next(model.parameters()).device.type == "cuda"
+    batches = (rows[first:first + batch_size] for first in range(0, len(rows), batch_size))
+    base, tuned = [], []
+    for batch, prompts in made_ahead(batches, make) if read_ahead else map(make, batches):
+        with model.disable_adapter():
+            base += answered(batch, batch_answers(model, prompts, tokenizer, max_new_tokens, think_block))
+        tuned += answered(batch, batch_answers(model, prompts, tokenizer, max_new_tokens, think_block))
+    return base, tuned
+
+
+def prompts_of(rows: Sequence[dict], tokenizer, video_processor) -> tuple[list[dict], dict]:
+    """Windows read from the store (what they ask and what should be kept) and their prompts as one batch."""
+    keys = ("window_id", "keep_local", "window_start", "window_end")
+    read = list(rows)
+    return [{key: row[key] for key in keys} for row in read], prompt_batch([prompt_of(row) for row in read],
+                                                                          tokenizer, video_processor)
+
+
+def answered(windows: list[dict], answers: list[dict]) -> list[dict]:
+    return [{"window_id": window["window_id"], "text": answer["text"], "predicted": parse_answer(answer["answer"]),
+             "lenient": parse_answer_lenient(answer["answer"]), "target": [tuple(r) for r in window["keep_local"]],
+             "degenerate": answer["degenerate"], "window": (window["window_start"], window["window_end"])}
+            for window, answer in zip(windows, answers, strict=True)]
 
 
 def score(answers: list[dict]) -> dict:
@@ -121,13 +146,10 @@ def gain_over_best_constant(answers: list[dict], baselines: dict) -> dict | None
 
 
 def evaluate(model, rows: Sequence[dict], tokenizer, video_processor, max_new_tokens: int,
-             think_block: str = "prompt") -> dict:
+             think_block: str = "prompt", batch_size: int = 1) -> dict:
     """Base (adapter disabled) and fine-tuned answers on the same windows, scored alike, beside the
     constant answers' scores."""
-    with model.disable_adapter():
-        base = window_answers(model, rows, tokenizer, video_processor, max_new_tokens, think_block)
-    tuned = window_answers(model, rows, tokenizer, video_processor, max_new_tokens, think_block)
-    # from what the first pass read: another pass would read every window's frames again
+    base, tuned = window_answers(model, rows, tokenizer, video_processor, max_new_tokens, think_block, batch_size)
     baselines = constant_baselines([{"keep_local": answer["target"], "window_start": answer["window"][0],
                                      "window_end": answer["window"][1]} for answer in base])
     return {"windows": len(rows), "base": score(base), "fine_tuned": score(tuned), "baselines": baselines,

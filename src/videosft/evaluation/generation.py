@@ -38,29 +38,44 @@ def is_degenerate(tokens: list[int], ended: bool) -> bool:
 
 def greedy_answers(model, prompts: list[dict], tokenizer, video_processor, max_new_tokens: int,
                    think_block: str = "prompt", batch_size: int = 1) -> list[dict]:
-    """Each prompt's greedy answer, in order: ``text`` as generated (up to the family's end token),
-    ``answer`` the text to parse (``text`` without the empty think block where answers were trained
-    to begin with it, ``think_block`` "answer") and whether it is ``degenerate``."""
-    import torch
+    """Each prompt's greedy answer, in order (:func:`batch_answers`), answered ``batch_size`` at a time."""
+    answers = []
+    for first in range(0, len(prompts), batch_size):
+        batch = prompt_batch(prompts[first:first + batch_size], tokenizer, video_processor)
+        answers += batch_answers(model, batch, tokenizer, max_new_tokens, think_block)
+    return answers
 
+
+def prompt_batch(prompts: list[dict], tokenizer, video_processor) -> dict:
+    """Prompts as one left-padded batch of host tensors, pixels made from their frames: every prompt
+    ends where its answer begins."""
     from ..training.batches import collate
+
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    return {key: value for key, value in collate(prompts, pad_id, video_processor, left=True).items()
+            if key != "labels"}
+
+
+def batch_answers(model, batch: dict, tokenizer, max_new_tokens: int, think_block: str = "prompt") -> list[dict]:
+    """The greedy answer to each prompt of a :func:`prompt_batch`: ``text`` as generated (up to the
+    family's end token), ``answer`` the text to parse (``text`` without the empty think block where
+    answers were trained to begin with it, ``think_block`` "answer") and whether it is ``degenerate``."""
+    import torch
 
     end_id = tokenizer.convert_tokens_to_ids(family_of(model.config).generation_end)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     device = next(model.parameters()).device
+    batch = {key: value.to(device) for key, value in batch.items()}
+    with torch.no_grad():
+        output = model.generate(**batch, max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=end_id,
+                                pad_token_id=pad_id, use_cache=True)
     answers = []
-    for first in range(0, len(prompts), batch_size):
-        batch = {key: value.to(device) for key, value in
-                 collate(prompts[first:first + batch_size], pad_id, video_processor, left=True).items() if key != "labels"}
-        with torch.no_grad():
-            output = model.generate(**batch, max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=end_id,
-                                    pad_token_id=pad_id, use_cache=True)
-        for new in output[:, batch["input_ids"].shape[1]:].tolist():
-            ended = end_id in new
-            tokens = new[:new.index(end_id)] if ended else new
-            text = tokenizer.decode(tokens)
-            answers.append({"text": text, "answer": generated_answer(text) if think_block == "answer" else text,
-                            "degenerate": is_degenerate(tokens, ended)})
+    for new in output[:, batch["input_ids"].shape[1]:].tolist():
+        ended = end_id in new
+        tokens = new[:new.index(end_id)] if ended else new
+        text = tokenizer.decode(tokens)
+        answers.append({"text": text, "answer": generated_answer(text) if think_block == "answer" else text,
+                        "degenerate": is_degenerate(tokens, ended)})
     return answers
 
 

@@ -48,13 +48,13 @@ def verify(cfg: View, adapter_dir: Path, samples_path: Path) -> dict:
     tensors = compare_adapter(model, adapter_dir)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     video_processor = load_video_processor(model_dir)
-    # Every val sample is answered, one at a time: read as it is answered, never all held at once
+    # Every val sample is answered, verify.batch_size at a time: read as it is answered, never all held at once
     reader = SampleReader(index_samples(samples_path, "val"))
     val = LazySamples(reader)
     started = time.perf_counter()
     think_block = json.loads(Path(samples_path).read_text())["think_block"]
     evaluation = evaluate(model, val[: cfg.verify.eval_windows or len(val)], tokenizer, video_processor,
-                          cfg.verify.max_new_tokens, think_block)
+                          cfg.verify.max_new_tokens, think_block, cfg.verify.batch_size)
     evaluation["seconds"] = time.perf_counter() - started
     # merge_and_unload folds the adapter into the base: compared last, once nothing else needs it
     forward = forward_agreement(model, val[: cfg.verify.forward_samples], tokenizer.pad_token_id or 0,
