@@ -27,5 +27,9 @@ rule all:
         "results/report/run_record.json",
 
 
+onsuccess:
+    show_finished_stages(log)
+
+
 onerror:
     show_failed_stages(log)

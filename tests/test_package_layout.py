@@ -26,7 +26,7 @@ LONGEST_STAGE = {"train": 300}  # the train stage is its named phases; its parts
 # The package's parts from the ground up: a part uses parts on its own layer or below, never above,
 # so that reading one part never needs a part that builds on it.
 LAYERS = (
-    {"errors", "progress"},
+    {"errors", "progress", "stage_logs"},
     {"config", "provenance", "models"},
     {"media", "kernels"},
     {"data"},  # the files stages hand each other

@@ -5,8 +5,6 @@ exit, without a traceback (``VIDEOSFT_DEBUG=1`` shows it); any other exception i
 its traceback (:func:`videosft.provenance.exit_after`).
 """
 
-import re
-
 
 class UserError(Exception):
     """A problem in what the user gave, with a message that names it and says what to do."""
@@ -54,48 +52,3 @@ class Rejected(ValueError):
             raise KeyError(f"reject code {code!r} is not one of {sorted(REASONS)}")
         super().__init__(message)
         self.code = code
-
-
-# How a stage's own message starts on its log (provenance.exit_after prints it) and how much of a
-# log's end shows when there is none (a bug's traceback, a killed process).
-MESSAGE_START = "error: "
-TAIL_LINES = 15
-# What torchrun (the train stage's launcher) writes when a rank fails: its log lines ("E1203 11:55:21.453000
-# 10433 .../api.py:1002] failed (exitcode: 1) ..."), then its own traceback ending in ChildFailedError and a
-# summary box. They say only that a rank failed, and they came after the rank's message.
-LAUNCHER_LOG = re.compile(r"^[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ ")
-LAUNCHER_FAILED = "torch.distributed.elastic.multiprocessing.errors.ChildFailedError"
-TRACEBACK = "Traceback (most recent call last):"
-
-
-def own_lines(lines: list[str]) -> list[str]:
-    """A stage log's lines without what its launcher (torchrun) reported about a failed rank."""
-    failed = [i for i, line in enumerate(lines) if LAUNCHER_FAILED in line]
-    if failed:
-        lines = lines[:max((i for i in range(failed[-1]) if lines[i].startswith(TRACEBACK)), default=failed[-1])]
-    return [line for line in lines if not LAUNCHER_LOG.match(line)]
-
-
-def stage_message(log_text: str) -> str:
-    """What a failed stage said last: its ``error:`` message to the end of the log, once even where each
-    rank said it, else the log's last lines (a bug's traceback); never what torchrun adds after a failed
-    rank."""
-    lines = own_lines(log_text.rstrip().splitlines())
-    starts = [i for i, line in enumerate(lines) if line.startswith(MESSAGE_START)]
-    if not starts:
-        return "\n".join(lines[-TAIL_LINES:])
-    last = lines[starts[-1]]
-    # each rank that failed so said it; one rank's copy may lack the record line another's has
-    copies = [lines[start:end] for start, end in zip(starts, [*starts[1:], len(lines)]) if lines[start] == last]
-    return "\n".join(max(copies, key=len))
-
-
-def failed_jobs(snakemake_log: str) -> list[tuple[str, str]]:
-    """(rule, its log file) for each job Snakemake's log reports failed (its "Error in rule" blocks)."""
-    jobs = []
-    for block in snakemake_log.split("Error in rule ")[1:]:
-        rule = block.split(":", 1)[0].strip()
-        log = re.search(r"^\s*log: (\S+)", block, re.MULTILINE)
-        if log and (rule, log.group(1)) not in jobs:
-            jobs.append((rule, log.group(1)))
-    return jobs

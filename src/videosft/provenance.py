@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 from .errors import UserError
+from .stage_logs import MESSAGE_START
 
 
 PACKAGE_DIR = Path(__file__).resolve().parent
@@ -209,7 +210,8 @@ def exit_after(main, hard: bool = False) -> None:
         kept = getattr(error, "kept_record", None)
         # one write: torchrun starts its ranks unbuffered (python -u), and print's separate write of the
         # newline let another rank's message land inside this one's line
-        sys.stderr.write(f"error: {error}" + (f"\n(the run record, with the traceback: {kept})" if kept else "") + "\n")
+        sys.stderr.write(f"{MESSAGE_START}{error}" + (f"\n(the run record, with the traceback: {kept})" if kept else "")
+                         + "\n")
         sys.stderr.flush()
         code = 1
     gc.freeze()

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from conftest import PROJECT, remember_output, run_torchrun, stage_json
-from videosft.errors import stage_message
+from videosft.stage_logs import stage_message
 
 
 def stage(module: str, *args: str, debug: bool = False) -> subprocess.CompletedProcess:

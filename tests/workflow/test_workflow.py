@@ -157,12 +157,37 @@ def test_no_test_calls_a_package_manager():
             assert not managers.search(path.read_text()), f"{path} calls a package manager"
 
 
+TERMINAL: dict[Path, str] = {}  # what the user read of a full run, by its folder
+
+
 @pytest.fixture(scope="module")
 def full_run(workdir) -> Path:
     result = snakemake(workdir, "--cores", "2")
     logs = "\n".join(f"--- {p}\n{p.read_text()[-2000:]}" for p in sorted((workdir / "logs").rglob("*.log")))
     assert result.returncode == 0, result.stderr[-4000:] + logs
+    TERMINAL[workdir] = result.stdout + result.stderr
     return workdir
+
+
+def test_the_terminal_shows_each_job_in_a_line_then_what_each_stage_said(full_run):
+    """Each job as one line (what it does and where its log is, not the dozens of source files it
+    depends on), and after Snakemake's lines what each stage wrote into its log for the user: its
+    warnings, each once, and what it made."""
+    terminal = TERMINAL[full_run].splitlines()
+    assert not [line for line in terminal if "src/videosft/" in line]
+    assert "Job 2: train: the LoRA fine-tune, 2 rank(s) per node on 1 node(s) (log: logs/train/train.log)" in \
+        [line.strip() for line in terminal]
+    start = terminal.index("=== what the stages said (their whole logs are under logs/):")
+    said = terminal[start + 1:next(i for i, line in enumerate(terminal) if line.startswith("Complete log"))]
+    warnings = [line for line in said if line.startswith("WARNING: ")]
+    assert len(warnings) == 1 and warnings[0].startswith("WARNING: LoRA targets ['q_proj', 'v_proj'] miss whole "
+                                                         "layer types ['linear_attention']")  # the probe's
+    own = [line for line in said if line not in warnings]
+    assert [line.split(":")[0] for line in own] == ["demo", "window", "preprocess", "probe", "train", "verify", "report"]
+    assert own[2].startswith("preprocess: 12 samples ({'train': 8, 'val': 4}) from 12 windows in 2 shards")
+    assert own[4].startswith("train: 4/4 steps (100%)")
+    assert own[5].startswith("verify: passed; on 4 val windows, fine-tuned mIoU ")
+    assert own[6] == "report: 6 figures in results/report"
 
 
 def test_every_stage_writes_its_outputs_and_a_run_record(full_run):

@@ -9,7 +9,8 @@ from snakemake.exceptions import WorkflowError
 SRC = Path(workflow.basedir) / "src"
 sys.path.insert(0, str(SRC))
 from videosft.config import missing_path, resolve, stage_config
-from videosft.errors import ConfigError, failed_jobs, stage_message
+from videosft.errors import ConfigError
+from videosft.stage_logs import failed_jobs, finished_logs, stage_message, stage_summary
 from videosft.provenance import path_fingerprint, stage_sources
 
 # The schema (workflow/schemas/config.schema.yaml) validates the config and fills its defaults, with one
@@ -122,13 +123,30 @@ def report_options(wildcards, input):
     return f"--predict {input.predict}" if "predict" in input.keys() else ""
 
 
-def show_failed_stages(snakemake_logs):
-    """After Snakemake's own account of a failure, what each failed stage said last (its message and
-    what to do, or a bug's traceback), read from its log: the lines the user needs, last on the terminal.
-    ``snakemake_logs``: Snakemake's log file(s) of this run."""
+def snakemake_log_text(snakemake_logs) -> str:
+    """Snakemake's log file(s) of this run, as one text."""
     paths = [snakemake_logs] if isinstance(snakemake_logs, (str, Path)) else list(snakemake_logs or [])
-    text = "".join(Path(path).read_text(errors="replace") for path in paths if Path(path).exists())
-    for rule, log in failed_jobs(text):
+    return "".join(Path(path).read_text(errors="replace") for path in paths if Path(path).exists())
+
+
+def show_finished_stages(snakemake_logs):
+    """After Snakemake's lines, what each stage that finished in this run wrote for the user into its log:
+    its warnings and its last line of its own, what it made. ``snakemake_logs``: Snakemake's log file(s)."""
+    shown = []
+    for log in map(Path, finished_logs(snakemake_log_text(snakemake_logs))):
+        if log.exists():
+            stage = log.parent.name
+            shown += stage_summary(log.read_text(errors="replace"), stage, main_log=log.stem == stage)
+    if shown:
+        print("\n=== what the stages said (their whole logs are under logs/):\n" + "\n".join(shown), file=sys.stderr)
+
+
+def show_failed_stages(snakemake_logs):
+    """After Snakemake's own account of a failure, what the stages that finished said for the user, then
+    what each failed stage said last (its message and what to do, or a bug's traceback), read from its
+    log: the lines the user needs, last on the terminal. ``snakemake_logs``: Snakemake's log file(s)."""
+    show_finished_stages(snakemake_logs)
+    for rule, log in failed_jobs(snakemake_log_text(snakemake_logs)):
         if Path(log).exists():
             print(f"\n=== {rule} failed; the end of {log}:\n{stage_message(Path(log).read_text(errors='replace'))}",
                   file=sys.stderr)

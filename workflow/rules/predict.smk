@@ -3,6 +3,8 @@ rule predict:
     for the val split (the default) also their evaluation in source time.
     Not part of the default target: `snakemake --cores 2 predict`; with report.source_time: true
     the default run predicts too and the report shows that evaluation (rule report)."""
+    message:
+        "predict: cut lists and editor timelines (log: {log})"
     input:
         unpack(predict_inputs),
         videos=new_videos(),
@@ -31,6 +33,8 @@ rule predict:
 rule export:
     """Base + adapter merged into one checkpoint (sharded safetensors, processor files copied).
     Not part of the default target: `snakemake --cores 2 export`."""
+    message:
+        "export: base and adapter merged into one checkpoint (log: {log})"
     input:
         adapter=rules.train.output.adapter,
         model=config_path("model.path"),

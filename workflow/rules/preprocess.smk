@@ -3,6 +3,8 @@ SHARDS = range(config["preprocess"]["shards"])
 
 rule preprocess_shard:
     """Decode one shard of the windows under the token budget; chat, labels and pixels to Parquet."""
+    message:
+        "preprocess, shard {wildcards.shard}: frames under the token budget, chat, labels (log: {log})"
     input:
         windows=rules.window.output.windows,
         videos=config_path("data.root"),
@@ -31,6 +33,8 @@ rule preprocess:
     """Join the shards into one manifest; count and check the rejects of all of them. Seconds of
     work: it runs where Snakemake runs, not as a cluster job that would wait in the queue."""
     localrule: True
+    message:
+        "preprocess: the shards joined into one manifest (log: {log})"
     input:
         shards=expand("results/preprocess/shards/{shard}", shard=SHARDS),
         after=rules.window.output.record,

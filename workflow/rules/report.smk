@@ -13,6 +13,8 @@ rule report:
     table says so. Seconds of work on small files: it runs where Snakemake runs, not as a cluster
     job that would wait in the queue."""
     localrule: True
+    message:
+        "report: figures and tables of every stage's outputs (log: {log})"
     input:
         unpack(report_inputs),
         windows=rules.window.output.windows,

@@ -187,3 +187,19 @@ def table(result: dict) -> str:
             line += f" +- {error:.3f} standard error ({gain['mean'] / error:.1f} of them)"
         lines.append(line)
     return "\n".join(lines)
+
+
+def headline(result: dict) -> str:
+    """The evaluation in one line: the fine-tune's mIoU and R1@0.5 beside the base's and the best
+    constant answer's, and the per-window gain over that constant ("-" where no window has a moment)."""
+    def value(metrics: dict, key: str) -> str:
+        return f"{metrics[key]:.3f}" if isinstance(metrics.get(key), (int, float)) else "-"
+
+    tuned, base = result["fine_tuned"], result["base"]
+    line = (f"on {result['windows']} val windows, fine-tuned mIoU {value(tuned, 'mIoU')} (base {value(base, 'mIoU')}), "
+            f"R1@0.5 {value(tuned, 'R1@0.5')} (base {value(base, 'R1@0.5')})")
+    if gain := result.get("gain_over_best_constant"):
+        error = f" +- {gain['standard_error']:.3f}" if gain["standard_error"] else ""
+        line += f"; IoU over const {gain['constant']} per window {gain['mean']:+.3f}{error}"
+    return line
+

@@ -48,6 +48,7 @@ from ..kernels.checks import (CHOICES, RELATIVE_ERROR_BOUND, KernelCheckError, a
                               check_parser, fla_import_status, milliseconds_per_call, relative_errors, torch_reason,
                               verdict)
 from ..models.families import family_of
+from ..stage_logs import WARNING_START
 
 ENV = "VIDEOSFT_GATED_DELTANET"
 NAME = "torch_chunk_gated_delta_rule"  # the name the modeling modules call
@@ -248,7 +249,7 @@ INSTALL = "pip install -e '.[gpu]'"  # flash-linear-attention, at the version th
 def slow_path_warning(status: dict) -> str:
     """What to tell a user whose GPU run takes transformers' torch Gated-DeltaNet because fla does not import
     (``status``: :func:`fla_status`): loudly, with the cost and the fix, since nothing else would show it."""
-    return (f"WARNING: flash-linear-attention does not import here ({status.get('error', 'not installed')}), so "
+    return (f"{WARNING_START}flash-linear-attention does not import here ({status.get('error', 'not installed')}), so "
             "Qwen3.5's Gated-DeltaNet layers and their convolution run transformers' torch path on the GPU: 30-60x "
             "slower per layer (on an H200 at 13.4k tokens, 298 ms against 5.2 ms forward and backward). Install it: "
             f"{INSTALL}; or set {ENV}=torch to take the torch path on purpose.")

@@ -25,6 +25,7 @@ from ..models.checkpoint import CheckpointError, build_meta_model, config_dtype,
     read_checkpoint, tokenizer_agreement
 from ..models.lora import adapted_inputs, coverage
 from ..provenance import existing_path, exit_after, run_record, stage_parser
+from ..stage_logs import WARNING_START
 from ..training.sequence_shards import allowed_sizes
 from ..training.memory import CALIBRATED_LORA_TARGETS, AdapterInputs, PlanOptions, longest_sample, micro_batch_words, \
     model_facts, probe_plan
@@ -75,7 +76,7 @@ def lora_coverage(model, lora_cfg: View, problems: list[str]) -> dict:
     if lora["modules"] == 0:
         problems.append(f"LoRA targets {lora_cfg.target_modules} match no linear module of the language model")
     if lora["missed_layer_types"]:
-        print(f"WARNING: LoRA targets {lora_cfg.target_modules} miss whole layer types "
+        print(f"{WARNING_START}LoRA targets {lora_cfg.target_modules} miss whole layer types "
               f"{lora['missed_layer_types']} ({lora['layer_type_counts']}); those layers will not adapt. "
               "To cover every layer type, set lora.target_modules: [all-linear] (every linear layer of the "
               "language model, not the vision tower or the LM head).",

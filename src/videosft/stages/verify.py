@@ -28,6 +28,7 @@ from ..data.verify_result import write_verify
 from ..evaluation.adapter_checks import VerificationError, adapter_problems, compare_adapter, forward_agreement, \
     verify_dtype
 from ..evaluation.answers import evaluate
+from ..evaluation.answers import headline as evaluation_headline
 from ..evaluation.answers import table as evaluation_table
 from ..evaluation.inference_model import load_model
 from ..media.pixels import load_video_processor
@@ -82,6 +83,7 @@ def main(argv: list[str] | None = None) -> int:
         if not result["ok"]:
             raise VerificationError("adapter verification failed:\n  " + "\n  ".join(result["problems"]))
         write_verify(args.out, result)
+        print(f"verify: passed; {evaluation_headline(result['evaluation'])}")
     return 0
 
 
