@@ -54,21 +54,28 @@ def failed_jobs(snakemake_log: str) -> list[tuple[str, str]]:
     return jobs
 
 
-# How a rule's message (its `message:`, workflow/rules/*.smk) names its log, and how Snakemake's own log
-# announces a job with a message and its end.
+# How Snakemake's log announces a job, with a rule's message (its `message:` names its log, see
+# workflow/rules/common.smk's announce) or, under --verbose, with the job's details, and its end.
 ANNOUNCED = re.compile(r"^Job (\d+): .*\(log: (\S+)\)$")
+DETAIL = re.compile(r"^(jobid|log): (\S+)")
 FINISHED = re.compile(r"^Finished jobid: (\d+)\b")
 
 
 def finished_logs(snakemake_log: str) -> list[str]:
     """The log file of each job Snakemake's log reports finished, in the order they finished."""
-    announced, finished = {}, []
-    for line in snakemake_log.splitlines():
-        if match := ANNOUNCED.match(line.strip()):
+    announced, finished, details = {}, [], {}
+    for line in map(str.strip, snakemake_log.splitlines()):
+        if match := ANNOUNCED.match(line):
             announced[match.group(1)] = match.group(2)
-        elif (match := FINISHED.match(line.strip())) and match.group(1) in announced:
+        elif match := DETAIL.match(line):  # a job's details: its log, then its id
+            details[match.group(1)] = match.group(2)
+            if "jobid" in details and "log" in details:
+                announced[details.pop("jobid")] = details.pop("log")
+        elif (match := FINISHED.match(line)) and match.group(1) in announced:
             if announced[match.group(1)] not in finished:
                 finished.append(announced[match.group(1)])
+        if line.startswith("["):  # a new entry: a job without a log leaves no detail behind
+            details.clear()
     return finished
 
 

@@ -237,7 +237,9 @@ def test_profile_is_complete():
 @pytest.mark.slow  # a dry run of the whole workflow: 1.5 s on idle cores, 5.5 s beside other tests
 def test_profile_keys_are_options_snakemake_knows(tmp_path):
     workdir = copy_checkout(tmp_path)
-    result = subprocess.run([sys.executable, "-m", "snakemake", "-n", "--workflow-profile", "workflow/profiles/slurm"],
+    # --verbose: each job's resources (without it each job is its rule's one-line message)
+    result = subprocess.run([sys.executable, "-m", "snakemake", "-n", "--verbose", "--workflow-profile",
+                             "workflow/profiles/slurm"],
                             cwd=workdir, capture_output=True, text=True, timeout=180,
                             env={**os.environ, "PYTHONPATH": str(workdir / "src")})
     output = result.stdout + result.stderr
@@ -280,17 +282,20 @@ def snakemake_on_slurm(cluster, workdir: Path, *args: str) -> subprocess.Complet
 
 
 def slurm_job_ids(output: str) -> dict[str, str]:
-    """Slurm job id -> rule: Snakemake's job headers ("rule X:" ... "jobid: N"), then the executor's
-    "Job N has been submitted with SLURM jobid M"."""
-    rule_of_job, rules, current = {}, {}, None
+    """Slurm job id -> rule: the executor's "Job N has been submitted with SLURM jobid M", and job N's rule
+    from Snakemake's "Finished jobid: N (Rule: X)", or for a failed job its "Error in rule X:" block
+    ("jobid: N"; a job's header, "rule X:" ... "jobid: N", under --verbose)."""
+    rule_of_job, submitted, current = {}, {}, None
     for line in output.splitlines():
-        if match := re.match(r"\s*(?:localrule|rule) (\w+):", line):
+        if match := re.match(r"\s*(?:localrule |rule |Error in rule )(\w+):", line):
             current = match.group(1)
         elif match := re.match(r"\s*jobid: (\d+)", line):
             rule_of_job[match.group(1)] = current
+        elif match := re.search(r"Finished jobid: (\d+) \(Rule: (\w+)\)", line):
+            rule_of_job[match.group(1)] = match.group(2)
         elif match := re.search(r"Job (\d+) has been submitted with SLURM jobid (\d+)", line):
-            rules[match.group(2)] = rule_of_job.get(match.group(1))
-    return rules
+            submitted[match.group(2)] = match.group(1)
+    return {slurm_id: rule_of_job.get(job) for slurm_id, job in submitted.items()}
 
 
 def failing_checkout(workdir: Path) -> list[str]:

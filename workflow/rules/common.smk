@@ -37,6 +37,16 @@ def sources(stage):
     return [str(path) for path in stage_sources(stage)]
 
 
+VERBOSE = bool(getattr(getattr(workflow, "output_settings", None), "verbose", False))
+
+
+def announce(text):
+    """A rule's message: its job as one line on the terminal, what it does and where its log is
+    (videosft.stage_logs reads the log's name there). None under --verbose, where Snakemake shows
+    the job's inputs, outputs and resources instead (a message would replace them)."""
+    return None if VERBOSE else text + " (log: {log})"
+
+
 def stage_json(stage):
     """The config sections the stage reads, as JSON: a change to them reruns it (params trigger).
 

@@ -1,7 +1,7 @@
 rule demo:
     """Synthetic videos with known keep ranges and a tiny random-init Qwen3.5 checkpoint."""
     message:
-        "demo: the embedded default's videos, annotations and tiny model (log: {log})"
+        announce("demo: the embedded default's videos, annotations and tiny model")
     input:
         code=sources("demo"),
     output:

@@ -4,7 +4,7 @@ rule predict:
     Not part of the default target: `snakemake --cores 2 predict`; with report.source_time: true
     the default run predicts too and the report shows that evaluation (rule report)."""
     message:
-        "predict: cut lists and editor timelines (log: {log})"
+        announce("predict: cut lists and editor timelines")
     input:
         unpack(predict_inputs),
         videos=new_videos(),
@@ -34,7 +34,7 @@ rule export:
     """Base + adapter merged into one checkpoint (sharded safetensors, processor files copied).
     Not part of the default target: `snakemake --cores 2 export`."""
     message:
-        "export: base and adapter merged into one checkpoint (log: {log})"
+        announce("export: base and adapter merged into one checkpoint")
     input:
         adapter=rules.train.output.adapter,
         model=config_path("model.path"),

@@ -4,7 +4,7 @@ SHARDS = range(config["preprocess"]["shards"])
 rule preprocess_shard:
     """Decode one shard of the windows under the token budget; chat, labels and pixels to Parquet."""
     message:
-        "preprocess, shard {wildcards.shard}: frames under the token budget, chat, labels (log: {log})"
+        announce("preprocess, shard {wildcards.shard}: frames under the token budget, chat, labels")
     input:
         windows=rules.window.output.windows,
         videos=config_path("data.root"),
@@ -34,7 +34,7 @@ rule preprocess:
     work: it runs where Snakemake runs, not as a cluster job that would wait in the queue."""
     localrule: True
     message:
-        "preprocess: the shards joined into one manifest (log: {log})"
+        announce("preprocess: the shards joined into one manifest")
     input:
         shards=expand("results/preprocess/shards/{shard}", shard=SHARDS),
         after=rules.window.output.record,

@@ -1,7 +1,7 @@
 rule probe:
     """Checkpoint keys, shapes and dtypes against the model built on the meta device."""
     message:
-        "probe: the checkpoint against the model on the meta device, and the memory plan (log: {log})"
+        announce("probe: the checkpoint against the model on the meta device, and the memory plan")
     input:
         model=config_path("model.path"),
         samples=rules.preprocess.output.manifest,

@@ -14,7 +14,7 @@ rule report:
     job that would wait in the queue."""
     localrule: True
     message:
-        "report: figures and tables of every stage's outputs (log: {log})"
+        announce("report: figures and tables of every stage's outputs")
     input:
         unpack(report_inputs),
         windows=rules.window.output.windows,

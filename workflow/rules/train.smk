@@ -2,7 +2,7 @@ rule train:
     """LoRA under DeepSpeed ZeRO-3 (one rank: without ZeRO), one process per device (resource nproc per node, 2 by default;
     resource nodes > 1 launches through Slurm's srun, one torchrun agent per node)."""
     message:
-        "train: the LoRA fine-tune, {resources.nproc} rank(s) per node on {resources.nodes} node(s) (log: {log})"
+        announce("train: the LoRA fine-tune, {resources.nproc} rank(s) per node on {resources.nodes} node(s)")
     input:
         samples=rules.preprocess.output.manifest,
         probe=rules.probe.output.probe,

@@ -1,7 +1,7 @@
 rule verify:
     """Reload base + adapter in a new process; compare every tensor; merged vs unmerged forwards."""
     message:
-        "verify: the adapter reloaded and compared, base and fine-tune answering the val windows (log: {log})"
+        announce("verify: the adapter reloaded and compared, base and fine-tune answering the val windows")
     input:
         adapter=rules.train.output.adapter,
         samples=rules.preprocess.output.manifest,

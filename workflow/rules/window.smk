@@ -1,7 +1,7 @@
 rule window:
     """Cut videos into windows, realign keep ranges into window time, split train/val by source video."""
     message:
-        "window: windows of the annotated videos, keep ranges in window time, train and val by source video (log: {log})"
+        announce("window: windows of the annotated videos, keep ranges in window time, train and val by source video")
     input:
         annotations=config_path("data.annotations"),
         videos=config_path("data.root"),

@@ -199,7 +199,8 @@ def headline(result: dict) -> str:
     line = (f"on {result['windows']} val windows, fine-tuned mIoU {value(tuned, 'mIoU')} (base {value(base, 'mIoU')}), "
             f"R1@0.5 {value(tuned, 'R1@0.5')} (base {value(base, 'R1@0.5')})")
     if gain := result.get("gain_over_best_constant"):
-        error = f" +- {gain['standard_error']:.3f}" if gain["standard_error"] else ""
-        line += f"; IoU over const {gain['constant']} per window {gain['mean']:+.3f}{error}"
+        error = f"standard error {gain['standard_error']:.3f}, " if gain["standard_error"] else ""
+        line += (f"; IoU gain over the best constant answer ({gain['constant']}) per window with a moment "
+                 f"{gain['mean']:+.3f} ({error}{gain['windows']} windows)")
     return line
 
