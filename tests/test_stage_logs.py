@@ -32,6 +32,31 @@ def test_the_finished_jobs_are_those_snakemake_saw_end_in_the_order_they_ended()
         "logs/preprocess/shard-1.log", "logs/preprocess/shard-0.log"]
 
 
+# the same under --verbose: each job's details instead of its rule's message
+VERBOSE_LOG = """\
+[Sat Dec  5 02:03:02 2026]
+localrule demo:
+    input: /tmp/demo/src/videosft/config.py, /tmp/demo/src/videosft/errors.py
+    output: data/demo/videos, data/demo/annotations.jsonl, data/demo/model
+    log: logs/demo/demo.log
+    jobid: 6
+    benchmark: benchmarks/demo/demo.tsv
+    resources: tmpdir=/tmp
+[Sat Dec  5 02:03:08 2026]
+Finished jobid: 6 (Rule: demo)
+[Sat Dec  5 02:03:34 2026]
+localrule all:
+    input: results/verify/verify.json, results/report/run_record.json
+    jobid: 0
+[Sat Dec  5 02:03:34 2026]
+Finished jobid: 0 (Rule: all)
+"""
+
+
+def test_the_finished_jobs_are_read_from_their_details_under_verbose_too():
+    assert finished_logs(VERBOSE_LOG) == ["logs/demo/demo.log"]  # rule all has no log
+
+
 def test_a_finished_stage_shows_its_warnings_once_and_its_last_own_line():
     log = "\n".join([
         "[transformers] `causal_conv1d_fn` is falling back to its reference PyTorch implementation",
