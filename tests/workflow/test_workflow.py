@@ -277,7 +277,7 @@ def test_a_failed_stage_reruns_alone_once_fixed(full_run):
     assert planned_jobs(snakemake(full_run, "-n").stdout) == {"verify": 1, "report": 1, "all": 1}
     result = snakemake(full_run, "--cores", "2")
     assert result.returncode == 0, result.stderr[-3000:]
-    ran = re.findall(r"^(?:local)?rule (\w+):", result.stdout + result.stderr, re.M)
+    ran = re.findall(r"Finished jobid: \d+ \(Rule: (\w+)\)", result.stdout + result.stderr)
     assert sorted(set(ran)) == ["all", "report", "verify"]
 
     zero3 = full_run / "workflow" / "deepspeed" / "zero3.json"

@@ -44,7 +44,7 @@ def announce(text):
     """A rule's message: its job as one line on the terminal, what it does and where its log is
     (videosft.stage_logs reads the log's name there). None under --verbose, where Snakemake shows
     the job's inputs, outputs and resources instead (a message would replace them)."""
-    return None if VERBOSE else text + " (log: {log})"
+    return None if VERBOSE else f"{text} (log: {{log}})"
 
 
 def stage_json(stage):
