@@ -3,7 +3,8 @@
 The verify stage writes it (:func:`write_verify`), only for an adapter that passed: ``adapter`` (its
 files), ``tensors`` (each adapter tensor against the loaded model), ``forward`` (merged against
 unmerged logits), ``load_seconds`` (the base model and the adapter, without DeepSpeed),
-``gpu_peak_gib``, ``ok``, ``problems`` and ``evaluation``
+``gpu_peak_gib``, ``warnings`` (a slow path the answers took: a GPU without
+flash-linear-attention), ``ok``, ``problems`` and ``evaluation``
 (:func:`videosft.evaluation.answers.evaluate`: how many ``windows``, the ``base`` and ``fine_tuned``
 scores per metric, the constant answers' ``baselines``, the fine-tune's per-window
 ``gain_over_best_constant`` with its standard error, and the ``answers`` per window).

@@ -31,6 +31,7 @@ from ..evaluation.answers import evaluate
 from ..evaluation.answers import headline as evaluation_headline
 from ..evaluation.answers import table as evaluation_table
 from ..evaluation.inference_model import load_model
+from ..kernels.gated_deltanet import planned_slow_paths
 from ..media.pixels import load_video_processor
 from ..provenance import existing_path, exit_after, run_record, stage_parser
 from ..training.profiling import gpu_peak_gib
@@ -46,6 +47,9 @@ def verify(cfg: View, adapter_dir: Path, samples_path: Path) -> dict:
     files = adapter_files(adapter_dir)
     model = load_model(model_dir, adapter_dir, verify_dtype(cfg.verify.dtype))
     load_seconds = time.perf_counter() - started
+    slow_paths = planned_slow_paths(model)  # the answers would take it: said before they start
+    if slow_paths:
+        print("\n".join(slow_paths), flush=True)
     tensors = compare_adapter(model, adapter_dir)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     video_processor = load_video_processor(model_dir)
@@ -63,7 +67,8 @@ def verify(cfg: View, adapter_dir: Path, samples_path: Path) -> dict:
     reader.close()
     problems = adapter_problems(adapter_dir, files, tensors, forward)
     return {"adapter": files, "tensors": tensors, "forward": forward, "evaluation": evaluation,
-            "load_seconds": load_seconds, "gpu_peak_gib": gpu_peak_gib(), "ok": not problems, "problems": problems}
+            "load_seconds": load_seconds, "gpu_peak_gib": gpu_peak_gib(), "warnings": slow_paths, "ok": not problems,
+            "problems": problems}
 
 
 def main(argv: list[str] | None = None) -> int:
