@@ -141,14 +141,16 @@ def snakemake_log_text(snakemake_logs) -> str:
 
 def show_finished_stages(snakemake_logs):
     """After Snakemake's lines, what each stage that finished in this run wrote for the user into its log:
-    its warnings and its last line of its own, what it made. ``snakemake_logs``: Snakemake's log file(s)."""
+    its warnings (each once) and its last line of its own, what it made. ``snakemake_logs``: Snakemake's
+    log file(s)."""
     shown = []
     for log in map(Path, finished_logs(snakemake_log_text(snakemake_logs))):
         if log.exists():
             stage = log.parent.name
             shown += stage_summary(log.read_text(errors="replace"), stage, main_log=log.stem == stage)
-    if shown:
-        print("\n=== what the stages said (their whole logs are under logs/):\n" + "\n".join(shown), file=sys.stderr)
+    if shown:  # a warning several stages repeat (the probe's, then the train stage's and the report's) once
+        print("\n=== what the stages said (their whole logs are under logs/):\n" + "\n".join(dict.fromkeys(shown)),
+              file=sys.stderr)
 
 
 def show_failed_stages(snakemake_logs):
