@@ -360,3 +360,15 @@ def test_the_verify_table_keeps_its_column_names_apart():
     assert header.split() == ["metric", "base", "fine-tuned", "const", "none", "const", "whole_window", "const",
                               "best_constant_range"]
     assert all(len(row) == len(header) for row in table(result).splitlines()[2:4])  # values under their names
+
+
+def test_the_source_time_headline_states_its_scores_as_computed():
+    from videosft.evaluation.metrics import source_time_headline, source_time_metrics
+
+    # one video: the cut keeps 2-6 s and 10-12 s of a video whose moments to keep are 2-5 s and 20-22 s
+    evaluation = source_time_metrics({"a": [(2.0, 6.0), (10.0, 12.0)]}, {"a": [(2.0, 5.0), (20.0, 22.0)]})
+    assert source_time_headline(evaluation) == (
+        "in source time, against the annotations of 1 video (2 moments to keep): R1@0.5 0.500, mIoU 0.375, "
+        "keep precision 0.500, keep recall 0.600")
+    assert source_time_headline(source_time_metrics({"a": []}, {"a": []})).endswith(
+        "R1@0.5 -, mIoU -, keep precision -, keep recall -")  # nothing counts: no number

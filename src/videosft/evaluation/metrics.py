@@ -334,3 +334,16 @@ SOURCE_TIME_DEFINITIONS = {
     "kept_seconds": "seconds the cut lists keep",
     "target_seconds": "seconds that should be kept",
 }
+
+
+def source_time_headline(evaluation: dict) -> str:
+    """A :func:`source_time_metrics` result in one line (each score as :data:`SOURCE_TIME_DEFINITIONS` defines
+    it; "-" where nothing counts)."""
+    def value(key: str) -> str:
+        return f"{evaluation[key]:.3f}" if isinstance(evaluation.get(key), (int, float)) else "-"
+
+    videos, moments = evaluation["videos"], evaluation["moments"]
+    return (f"in source time, against the annotations of {videos} video{'s' * (videos != 1)} ({moments} "
+            f"moment{'s' * (moments != 1)} to keep): R1@0.5 {value('R1@0.5')}, mIoU {value('mIoU')}, keep precision "
+            f"{value('keep_precision')}, keep recall {value('keep_recall')}")
+

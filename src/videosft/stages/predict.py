@@ -49,6 +49,7 @@ from ..errors import ConfigError, Rejected
 from ..evaluation.cutlist import evaluate_in_source_time, merge_votes, to_source
 from ..evaluation.generation import Prompts, answered_in_order, greedy_answers
 from ..evaluation.inference_model import load_model
+from ..evaluation.metrics import source_time_headline
 from ..kernels import selection
 from ..media.clock import MediaClock, media_clock
 from ..media.editor_timelines import write_timelines
@@ -238,6 +239,7 @@ def predict(cfg: View, adapter: Path | None, windows_path: Path | None, out: Pat
     if cfg.predict.videos == "val":
         record["results"]["evaluation"] = evaluate_in_source_time(results)
         write_json(out / "evaluation.json", record["results"]["evaluation"])
+        print(f"predict: {source_time_headline(record['results']['evaluation'])}", flush=True)
     write_json(out / "summary.json", record["results"])  # before any failure below: the user sees everything
     print(closing(skipped, len(videos), out, cfg, rejects), flush=True)
 
