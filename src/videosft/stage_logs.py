@@ -2,8 +2,8 @@
 (``logs/<stage>/...``), so after a run the workflow prints what the user must read there: for a failed
 stage its message and what to do (:func:`stage_message`), for a finished one its warnings and its last
 line of its own, what it made (:func:`stage_summary`). A stage writes its message as ``error: ...``
-(:func:`videosft.provenance.exit_after`), a warning as ``WARNING: ...`` and its own lines as
-``<stage>...: ...``.
+(:func:`videosft.provenance.exit_after`), a warning as ``WARNING: ...`` and what it made as
+``<stage>: ...`` (a preprocess shard: ``preprocess shard i/n: ...``).
 """
 
 import re
