@@ -77,6 +77,7 @@ sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from flops import H200_BF16_PEAK, shape_of, utilization  # noqa: E402
+from videosft.stage_logs import stage_message  # noqa: E402
 
 LOSS_TOLERANCE = 2.0 ** -8  # relative: one bf16 ulp of the loss (see the module docstring)
 
@@ -317,7 +318,8 @@ class Bench:
         if code != 0 and not finished:  # a rank that aborts at interpreter exit after all its work is not a failure
             text = log.read_text()
             oom = "OutOfMemoryError" in text or "CUDA out of memory" in text
-            return {"failed": text[-1500:], "out_of_memory": oom, "wall_seconds": wall}
+            # the stage's own message, not the launcher's report that a rank failed, which comes after it
+            return {"failed": stage_message(text)[-1500:], "out_of_memory": oom, "wall_seconds": wall}
         per_rank = summarize(out, self.args.gpus)
         sample = read_samples(manifest, "train", ["input_tokens", "visual_tokens"])[0]
         tokens, visual = sample["input_tokens"], sample["visual_tokens"]
