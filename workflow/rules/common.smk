@@ -143,8 +143,12 @@ def show_finished_stages(snakemake_logs):
     """After Snakemake's lines, what each stage that finished in this run wrote for the user into its log:
     its warnings (each once) and its last line of its own, what it made. ``snakemake_logs``: Snakemake's
     log file(s)."""
+    print_finished_stages(snakemake_log_text(snakemake_logs))
+
+
+def print_finished_stages(text):
     shown = []
-    for log in map(Path, finished_logs(snakemake_log_text(snakemake_logs))):
+    for log in map(Path, finished_logs(text)):
         if log.exists():
             stage = log.parent.name
             shown += stage_summary(log.read_text(errors="replace"), stage, main_log=log.stem == stage)
@@ -157,8 +161,9 @@ def show_failed_stages(snakemake_logs):
     """After Snakemake's own account of a failure, what the stages that finished said for the user, then
     what each failed stage said last (its message and what to do, or a bug's traceback), read from its
     log: the lines the user needs, last on the terminal. ``snakemake_logs``: Snakemake's log file(s)."""
-    show_finished_stages(snakemake_logs)
-    for rule, log in failed_jobs(snakemake_log_text(snakemake_logs)):
+    text = snakemake_log_text(snakemake_logs)  # read once for both
+    print_finished_stages(text)
+    for rule, log in failed_jobs(text):
         if Path(log).exists():
             print(f"\n=== {rule} failed; the end of {log}:\n{stage_message(Path(log).read_text(errors='replace'))}",
                   file=sys.stderr)

@@ -21,7 +21,7 @@ from ..data.verify_result import COUNTS
 from ..encoding.chat import parse_answer, parse_answer_lenient, prompt_of
 from ..training.batches import made_ahead
 from .generation import REPEATS, batch_answers, prompt_batch
-from .metrics import WINDOW_METRIC_DEFINITIONS, r1_iou, window_metrics
+from .metrics import WINDOW_METRIC_DEFINITIONS, r1_iou, score_text, window_metrics
 
 
 def window_answers(model, rows: Sequence[dict], tokenizer, video_processor, max_new_tokens: int,
@@ -190,10 +190,10 @@ def table(result: dict) -> str:
 
 
 def headline(result: dict) -> str:
-    """The evaluation in one line: the fine-tune's mIoU and R1@0.5 beside the base's and the best
-    constant answer's, and the per-window gain over that constant ("-" where no window has a moment)."""
+    """The evaluation in one line: the fine-tune's mIoU and R1@0.5 beside the base's, and the per-window
+    gain over the best constant answer ("-" where no window has a moment)."""
     def value(metrics: dict, key: str) -> str:
-        return f"{metrics[key]:.3f}" if isinstance(metrics.get(key), (int, float)) else "-"
+        return score_text(metrics.get(key))
 
     tuned, base = result["fine_tuned"], result["base"]
     line = (f"on {result['windows']} val windows, fine-tuned mIoU {value(tuned, 'mIoU')} (base {value(base, 'mIoU')}), "
@@ -203,4 +203,3 @@ def headline(result: dict) -> str:
         line += (f"; IoU gain over the best constant answer ({gain['constant']}) per window with a moment "
                  f"{gain['mean']:+.3f} ({error}{gain['windows']} windows)")
     return line
-

@@ -336,11 +336,16 @@ SOURCE_TIME_DEFINITIONS = {
 }
 
 
+def score_text(value) -> str:
+    """A score as a one-line summary shows it: three decimals, "-" where nothing counted (None)."""
+    return f"{value:.3f}" if isinstance(value, (int, float)) else "-"
+
+
 def source_time_headline(evaluation: dict) -> str:
     """A :func:`source_time_metrics` result in one line (each score as :data:`SOURCE_TIME_DEFINITIONS` defines
     it; "-" where nothing counts)."""
     def value(key: str) -> str:
-        return f"{evaluation[key]:.3f}" if isinstance(evaluation.get(key), (int, float)) else "-"
+        return score_text(evaluation.get(key))
 
     videos, moments = evaluation["videos"], evaluation["moments"]
     return (f"in source time, against the annotations of {videos} video{'s' * (videos != 1)} ({moments} "
