@@ -9,8 +9,9 @@ builder, train stage and kernels) on one checkpoint, built once from the first t
 shared. A run's name is ``tree:trainer`` plus options: ``+profile`` profiles the step before the last
 (``train.profile_step``; that step and the cProfiled last one are left out of its figures),
 ``+env:NAME=VALUE`` sets an environment variable; ``--cap-gib 12 --frames 72`` is the guard's plan12
-case. Per run: tokens/s and step seconds (median of the unprofiled steps after the first), every step's
-seconds (and its wait for its batch and allocator retries, where the tree logs them), peak memory; a
+case. ``--run-timeout SECONDS`` stops a run that outlasts it (a tree building its samples or autotuning for
+longer than the call has) and goes on with the next. Per run: its wall seconds, tokens/s and step seconds
+(median of the unprofiled steps after the first), every step's seconds (and its wait for its batch and allocator retries, where the tree logs them), peak memory; a
 profiled run adds the device's busy time in the profiled step, its idle gaps charged to host work
 (``bench/trace_summary.py``), and the operator table. Written to OUT: ``compare_trees.json`` and
 ``profiles.tar.gz``.
@@ -22,10 +23,12 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
 import tarfile
+import time
 from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
@@ -71,6 +74,24 @@ def run_labels(runs: list[dict]) -> list[str]:
     return labels
 
 
+def run_bounded(command: list[str], cwd: Path, env: dict, log: Path, timeout: float | None) -> tuple[str, bool]:
+    """Runs ``command`` with its output in ``log``; past ``timeout`` seconds stops it and every process it
+    started (its own session: torchrun and the ranks), so that one stuck run (a tree autotuning or building
+    for longer than the call has) leaves the call's time to the runs after it. Returns the output and
+    whether it was stopped."""
+    with open(log, "w") as handle:
+        process = subprocess.Popen(command, cwd=cwd, env=env, stdout=handle, stderr=subprocess.STDOUT,
+                                   start_new_session=True)
+        try:
+            process.wait(timeout=timeout)
+            stopped = False
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+            stopped = True
+    return log.read_text(errors="replace"), stopped
+
+
 def run_one(run: dict, tree: Path, args, model: Path, out: Path, work: Path) -> dict:
     work.mkdir(parents=True, exist_ok=True)
     out.mkdir(parents=True, exist_ok=True)
@@ -83,12 +104,13 @@ def run_one(run: dict, tree: Path, args, model: Path, out: Path, work: Path) -> 
                "--no-check", "--work", str(work), "--out", str(out)]
     command += ["--cap-gib", str(args.cap_gib)] if args.cap_gib else []
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tree / "src"), os.environ.get("PYTHONPATH", "")])}
-    shown = subprocess.run(command, cwd=tree, env=env, capture_output=True, text=True)
-    (out / "output.log").write_text(shown.stdout + shown.stderr)
+    output, stopped = run_bounded(command, tree, env, out / "output.log", args.run_timeout)
+    if stopped:
+        return {"failed": f"stopped after {args.run_timeout:g} s (--run-timeout); its last lines: {output[-1200:]}"}
     results = json.loads((out / "train_throughput.json").read_text()) if (out / "train_throughput.json").exists() else {}
     facts = results.get("runs", {}).get(str(args.frames), {}).get("compared", {})
     if "per_rank" not in facts:
-        return {"failed": facts.get("failed") or (shown.stdout + shown.stderr)[-1500:]}
+        return {"failed": facts.get("failed") or output[-1500:]}
     train_out = work / f"compared-{args.frames}-{args.cap_gib:g}"
     steps = [json.loads(line) for line in (train_out / "steps.rank0.jsonl").read_text().splitlines()]
     timed = steps[1:-2] if run["profile"] else steps[1:]
@@ -126,6 +148,9 @@ def main() -> None:
                         "the performance guard's plan12 case")
     parser.add_argument("--work", type=Path, help="one checkpoint and sample folder for every run (trees whose "
                         "sample stores agree); default one per tree")
+    parser.add_argument("--run-timeout", type=float, metavar="SECONDS",
+                        help="stop a run past this many seconds (with the processes it started) and go on with the "
+                        "next; the run is reported as stopped, with its last lines")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     trees = {name: Path(path).resolve() for name, path in (t.split("=", 1) for t in args.tree)}
@@ -141,8 +166,11 @@ def main() -> None:
     for number, (run, label) in enumerate(zip(runs, run_labels(runs))):
         out = scratch / f"run{number}"
         work = args.work or scratch / f"work-{run['tree']}"
+        started = time.monotonic()
         results[label] = figures = run_one(run, trees[run["tree"]], args, model, out, work)
-        if not model.exists() and (work / "model").is_dir() and not (work / "model").is_symlink():
+        figures["wall_seconds"] = round(time.monotonic() - started, 1)  # what the run cost the call, start-up included
+        built = (work / "model" / "model.safetensors.index.json").exists()  # written last: a stopped build has none
+        if not model.exists() and built and not (work / "model").is_symlink():
             shutil.move(str(work / "model"), model)  # the first build serves every later run
             (work / "model").symlink_to(model)
         print(json.dumps({label: figures}, default=str), flush=True)
