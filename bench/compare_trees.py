@@ -11,10 +11,10 @@ shared. A run's name is ``tree:trainer`` plus options: ``+profile`` profiles the
 ``+env:NAME=VALUE`` sets an environment variable; ``--cap-gib 12 --frames 72`` is the guard's plan12
 case. ``--run-timeout SECONDS`` stops a run that outlasts it (a tree building its samples or autotuning for
 longer than the call has) and goes on with the next. Per run: its wall seconds, tokens/s and step seconds
-(median of the unprofiled steps after the first), every step's seconds (and its wait for its batch and allocator retries, where the tree logs them), peak memory; a
-profiled run adds the device's busy time in the profiled step, its idle gaps charged to host work
-(``bench/trace_summary.py``), and the operator table. Written to OUT: ``compare_trees.json`` and
-``profiles.tar.gz``.
+(median of the unprofiled steps after the first), every step's seconds (and its wait for its batch and
+allocator retries, where the tree logs them), peak memory; a profiled run adds the device's busy time in
+the profiled step, its idle gaps charged to host work (``bench/trace_summary.py``), and the operator table.
+Written to OUT: ``compare_trees.json`` and ``profiles.tar.gz``.
 """
 
 from __future__ import annotations
