@@ -1,12 +1,14 @@
-"""Helpers of the benchmarks in bench/: timing with a record of other load, results file, tables."""
+"""Helpers of the benchmarks in bench/: timing with a record of other load, bounded runs, results file, tables."""
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import os
 import platform
 import resource
 import shlex
+import signal
 import statistics
 import subprocess
 import sys
@@ -150,6 +152,26 @@ def timed(cmd: list[str], env: dict, log: Path, cpu: int | None = None, cwd: Pat
         raise RuntimeError(f"{shlex.join(cmd)} failed with exit code {proc.returncode}; see {log}:\n"
                            + "\n".join(log.read_text().splitlines()[-30:]))
     return {"wall": wall, "cpu": cpu_s, "other": other, "ended_at": ended_at}
+
+
+def run_in_session(command: list[str], log, timeout: float | None, grace_seconds: float = 0.0, **popen) -> int | None:
+    """Runs ``command`` in a process session of its own, its output into the open file ``log``, and returns its
+    exit code. Past ``timeout`` seconds it ends the whole session: SIGTERM first where ``grace_seconds`` lets the
+    command clean up, then SIGKILL; a plain ``subprocess.run`` timeout kills only the first process and leaves a
+    launcher's ranks or Snakemake's jobs running on the GPU. Returns None when it was stopped."""
+    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, **popen)
+    try:
+        return process.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        pass
+    if grace_seconds:
+        os.killpg(process.pid, signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(timeout=grace_seconds)
+    with contextlib.suppress(ProcessLookupError):  # the session may have ended in its grace
+        os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+    return None
 
 
 def today() -> str:

@@ -23,9 +23,7 @@ import argparse
 import json
 import os
 import shutil
-import signal
 import statistics
-import subprocess
 import sys
 import tarfile
 import time
@@ -34,6 +32,7 @@ from pathlib import Path
 BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))
 
+from _shared import run_in_session  # noqa: E402
 from trace_summary import load_events, summarize  # noqa: E402
 
 # Runs a tree's train_throughput with one extra trainer (the named one plus train / env overrides).
@@ -74,24 +73,6 @@ def run_labels(runs: list[dict]) -> list[str]:
     return labels
 
 
-def run_bounded(command: list[str], cwd: Path, env: dict, log: Path, timeout: float | None) -> tuple[str, bool]:
-    """Runs ``command`` with its output in ``log``; past ``timeout`` seconds stops it and every process it
-    started (its own session: torchrun and the ranks), so that one stuck run (a tree autotuning or building
-    for longer than the call has) leaves the call's time to the runs after it. Returns the output and
-    whether it was stopped."""
-    with open(log, "w") as handle:
-        process = subprocess.Popen(command, cwd=cwd, env=env, stdout=handle, stderr=subprocess.STDOUT,
-                                   start_new_session=True)
-        try:
-            process.wait(timeout=timeout)
-            stopped = False
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
-            stopped = True
-    return log.read_text(errors="replace"), stopped
-
-
 def run_one(run: dict, tree: Path, args, model: Path, out: Path, work: Path) -> dict:
     work.mkdir(parents=True, exist_ok=True)
     out.mkdir(parents=True, exist_ok=True)
@@ -104,7 +85,9 @@ def run_one(run: dict, tree: Path, args, model: Path, out: Path, work: Path) -> 
                "--no-check", "--work", str(work), "--out", str(out)]
     command += ["--cap-gib", str(args.cap_gib)] if args.cap_gib else []
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tree / "src"), os.environ.get("PYTHONPATH", "")])}
-    output, stopped = run_bounded(command, tree, env, out / "output.log", args.run_timeout)
+    with open(out / "output.log", "w") as log:  # a stuck run (a tree building or autotuning past the call's time)
+        stopped = run_in_session(command, log, args.run_timeout, cwd=tree, env=env) is None  # leaves it to the next
+    output = (out / "output.log").read_text(errors="replace")
     if stopped:
         return {"failed": f"stopped after {args.run_timeout:g} s (--run-timeout); its last lines: {output[-1200:]}"}
     results = json.loads((out / "train_throughput.json").read_text()) if (out / "train_throughput.json").exists() else {}

@@ -21,12 +21,13 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tarfile
 import time
 from collections import defaultdict
 from pathlib import Path
+
+from _shared import run_in_session
 
 HERE = Path(__file__).resolve().parent
 WARM_RESERVE_S = 70
@@ -39,12 +40,9 @@ def remaining(deadline: float) -> float:
 
 def launch(command: list[str], log: Path, env: dict, timeout: float) -> dict:
     started = time.time()
-    with open(log, "w") as handle:
-        try:
-            result = subprocess.run(command, stdout=handle, stderr=subprocess.STDOUT, env=env, timeout=timeout)
-            code = result.returncode
-        except subprocess.TimeoutExpired:
-            code = "timeout"
+    with open(log, "w") as handle:  # past its timeout the rank torchrun started is stopped with it
+        code = run_in_session(command, handle, timeout, env=env)
+    code = "timeout" if code is None else code
     return {"returncode": code, "wall_seconds": time.time() - started, "timeout_s": timeout}
 
 

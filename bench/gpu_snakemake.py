@@ -30,14 +30,14 @@ import json
 import multiprocessing
 import os
 import shutil
-import signal
-import subprocess
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import numpy as np
+
+from _shared import run_in_session
 
 ROOT = Path(__file__).resolve().parents[1]
 WIDTH, HEIGHT, FPS = 640, 360, 24
@@ -151,15 +151,10 @@ def snakemake(work: Path, config: Path, cores: int, gpus: int, *targets: str, lo
     with open(log, "a") as handle:
         handle.write(f"$ {' '.join(command)}\n")
         handle.flush()
-        process = subprocess.Popen(command, stdout=handle, stderr=subprocess.STDOUT, cwd=ROOT,
-                                   env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True)
-        try:
-            returncode = process.wait(timeout=max(1.0, DEADLINE[0] - time.time()))
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGTERM)
-            time.sleep(3)
-            os.killpg(process.pid, signal.SIGKILL)
-            raise TimeoutError(f"snakemake {' '.join(targets)} passed the deadline") from None
+        returncode = run_in_session(command, handle, max(1.0, DEADLINE[0] - time.time()), grace_seconds=3, cwd=ROOT,
+                                    env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    if returncode is None:
+        raise TimeoutError(f"snakemake {' '.join(targets)} passed the deadline")
     if returncode != 0:
         tail = log.read_text()[-3000:]
         for job_log in sorted((work / "logs").rglob("*.log")):
