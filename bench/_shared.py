@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import datetime as dt
 import os
 import platform
@@ -155,22 +154,23 @@ def timed(cmd: list[str], env: dict, log: Path, cpu: int | None = None, cwd: Pat
 
 
 def run_in_session(command: list[str], log, timeout: float | None, grace_seconds: float = 0.0, **popen) -> int | None:
-    """Runs ``command`` in a process session of its own, its output into the open file ``log``, and returns its
-    exit code. Past ``timeout`` seconds it ends the whole session: SIGTERM first where ``grace_seconds`` lets the
-    command clean up, then SIGKILL; a plain ``subprocess.run`` timeout kills only the first process and leaves a
-    launcher's ranks or Snakemake's jobs running on the GPU. Returns None when it was stopped."""
-    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, **popen)
+    """Runs ``command`` with its output into the open file ``log`` and returns its exit code. Past ``timeout``
+    seconds it ends every process the command started (tests/processes.py: torchrun's ranks run in sessions of
+    their own, which a plain ``subprocess.run`` timeout or a process-group signal leaves running on the GPU),
+    with SIGTERM and ``grace_seconds`` to clean up first where asked, else at once. Returns None when it was
+    stopped."""
+    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, **popen)
     try:
         return process.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
         pass
+    sys.path.insert(0, str(PROJECT / "tests"))
+    from processes import kill_tree, signal_tree
+
     if grace_seconds:
-        os.killpg(process.pid, signal.SIGTERM)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            process.wait(timeout=grace_seconds)
-    with contextlib.suppress(ProcessLookupError):  # the session may have ended in its grace
-        os.killpg(process.pid, signal.SIGKILL)
-    process.wait()
+        signal_tree(process, signal.SIGTERM, grace_seconds)
+    else:
+        kill_tree(process)
     return None
 
 

@@ -85,15 +85,16 @@ def run_one(run: dict, tree: Path, args, model: Path, out: Path, work: Path) -> 
                "--no-check", "--work", str(work), "--out", str(out)]
     command += ["--cap-gib", str(args.cap_gib)] if args.cap_gib else []
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tree / "src"), os.environ.get("PYTHONPATH", "")])}
-    with open(out / "output.log", "w") as log:  # a stuck run (a tree building or autotuning past the call's time)
-        stopped = run_in_session(command, log, args.run_timeout, cwd=tree, env=env) is None  # leaves it to the next
-    output = (out / "output.log").read_text(errors="replace")
-    if stopped:
-        return {"failed": f"stopped after {args.run_timeout:g} s (--run-timeout); its last lines: {output[-1200:]}"}
+    log = out / "output.log"
+    with open(log, "w") as handle:
+        code = run_in_session(command, handle, args.run_timeout, cwd=tree, env=env)
+    if code is None:  # stuck (building or autotuning past the call's time): the call goes on with the next run
+        tail = log.read_text(errors="replace")[-1200:]
+        return {"failed": f"stopped after {args.run_timeout:g} s (--run-timeout); its last lines: {tail}"}
     results = json.loads((out / "train_throughput.json").read_text()) if (out / "train_throughput.json").exists() else {}
     facts = results.get("runs", {}).get(str(args.frames), {}).get("compared", {})
     if "per_rank" not in facts:
-        return {"failed": facts.get("failed") or output[-1500:]}
+        return {"failed": facts.get("failed") or log.read_text(errors="replace")[-1500:]}
     train_out = work / f"compared-{args.frames}-{args.cap_gib:g}"
     steps = [json.loads(line) for line in (train_out / "steps.rank0.jsonl").read_text().splitlines()]
     timed = steps[1:-2] if run["profile"] else steps[1:]

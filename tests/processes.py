@@ -1,4 +1,5 @@
-"""Processes a test starts, and only those: their trees, stopped and killed, and a run bounded in time.
+"""Processes a test starts, and only those: their trees, stopped and killed, and a run bounded in time
+(the benchmarks' bounded runs, bench/_shared.run_in_session, end their trees here too).
 
 A test signals nothing it did not start. It finds what it started by walking down from its own child
 (never by process group or command-line pattern): torchrun starts each rank in a session of its own,
@@ -80,18 +81,24 @@ def kill_tree(root: subprocess.Popen | psutil.Process) -> None:
     _kill(_tree_of(root), root)
 
 
-def abort_tree(root: subprocess.Popen) -> None:
-    """SIGABRT every process of the tree (each Python process of a bounded run writes its stacks), then
-    SIGKILL whatever has not ended after STACKS_WAIT seconds."""
+def signal_tree(root: subprocess.Popen, number: signal.Signals, wait: float) -> None:
+    """Send ``number`` to every process of the tree (ranks in sessions of their own included, which a
+    process-group signal misses), give them ``wait`` seconds to act on it and end, then SIGKILL the rest."""
     tree = _tree_of(root)
     for process in tree:
         try:
-            process.send_signal(signal.SIGABRT)
+            process.send_signal(number)
             process.resume()
         except psutil.NoSuchProcess:
             pass
-    _wait_gone(tree, STACKS_WAIT)
+    _wait_gone(tree, wait)
     _kill(tree, root)  # the tree as listed: a rank whose parent has died is no longer below the root
+
+
+def abort_tree(root: subprocess.Popen) -> None:
+    """SIGABRT every process of the tree (each Python process of a bounded run writes its stacks), then
+    SIGKILL whatever has not ended after STACKS_WAIT seconds."""
+    signal_tree(root, signal.SIGABRT, STACKS_WAIT)
 
 
 def run_bounded(command: list[str], *, timeout: float, env: dict | None = None, merge_stderr: bool = True,

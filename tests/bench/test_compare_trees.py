@@ -32,12 +32,12 @@ def test_run_options():
 
 
 # A tree whose bench outlasts any limit, as 4488029's did building its samples and autotuning in a
-# 600 s call (2026-12-05): it starts a child, as torchrun starts ranks, and both wait.
+# 600 s call (2026-12-05): it starts a child in a session of its own, as torchrun starts its ranks, and both wait.
 STUCK_BENCH = """\
 import subprocess, sys, time
 TRAINERS = {"ours": {}}
 def main():
-    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
     open("child.pid", "w").write(str(child.pid))
     print("building samples", flush=True)
     time.sleep(600)
